@@ -1,0 +1,21 @@
+"""`python -m ddp_kit.agent ARGS`: torchrun that dies with the Jupyter kernel that started it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from .processes import die_with_parent
+
+
+def main() -> None:
+    """Run torchrun with `sys.argv`, after asking Linux to SIGTERM it if its parent dies."""
+    die_with_parent(signal.SIGTERM)
+    from torch.distributed.run import main as torchrun_main
+
+    sys.argv[0] = "torchrun"
+    torchrun_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""RunResult: what a launch returns (exit status, per-rank output, failures, records)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .records import Records
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """An uncaught exception reported by one rank."""
+
+    rank: int
+    type: str
+    message: str
+    traceback: str
+    time: float
+
+
+@dataclass
+class RunResult:
+    """Everything one torchrun launch produced. ``records["name"]`` is indexed [step, rank, ...]."""
+
+    nproc: int
+    nnodes: int
+    backend: str
+    device: str
+    returncode: int
+    duration: float
+    stdout: list[str]
+    stderr: list[str]
+    records: Records
+    failures: list[RankFailure] = field(default_factory=list)
+    timed_out: bool = False
+    interrupted: bool = False
+    script: str = ""
+    agent_log: str = ""
+    commands: list[list[str]] = field(default_factory=list)
+    run_dir: Path | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Total number of ranks (processes per node x nodes)."""
+        return self.nproc * self.nnodes
+
+    @property
+    def ok(self) -> bool:
+        """True when every rank finished without error within the time limit."""
+        return self.returncode == 0 and not self.failures and not self.timed_out
+
+    @property
+    def root_cause(self) -> RankFailure | None:
+        """The first failure reported (the others usually follow from it)."""
+        return min(self.failures, key=lambda f: f.time) if self.failures else None
+
+    def __repr__(self) -> str:
+        status = "ok" if self.ok else f"FAILED (exit code {self.returncode})"
+        names = ", ".join(self.records.names) or "none"
+        return (
+            f"<RunResult {status}: {self.world_size} ranks, {self.backend} on {self.device}, "
+            f"records: {names}>"
+        )
