@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from .records import RecordWriter
 
 _writer: RecordWriter | None = None
+_before_flush: list[Callable[[], None]] = []
 
 
 def rank() -> int:
@@ -70,8 +72,15 @@ def record(name: str, value: Any, step: int | None = None) -> None:
 
 def flush() -> None:
     """Write this rank's records to disk now (also done automatically at exit)."""
+    for callback in _before_flush:
+        callback()
     if _writer is not None:
         _writer.save()
+
+
+def before_flush(callback: Callable[[], None]) -> None:
+    """Run `callback` (which may record more) every time the records are written."""
+    _before_flush.append(callback)
 
 
 def collective_timeout() -> timedelta:
@@ -113,7 +122,9 @@ def _report_exception(kind: type[BaseException], error: BaseException, tb: Any) 
     }
     path = Path(error_dir) / f"rank{rank()}.json"
     path.write_text(json.dumps(report))
-    print(f"rank {rank()} raised {kind.__name__}: {error}", file=sys.stderr, flush=True)
+    # sys.__stderr__: init_process_group wraps the excepthook and would prefix "[rankN]:".
+    notice = f"{kind.__name__}: {error}  (traceback in the launch error)"
+    print(notice, file=sys.__stderr__, flush=True)
 
 
 def _destroy_process_group() -> None:

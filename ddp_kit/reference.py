@@ -1,0 +1,41 @@
+"""Single-process training on the global batches: what DDP must agree with."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from .observe import flat_parameters
+
+
+def single_process_run(
+    model: nn.Module,
+    dataset: TensorDataset,
+    global_batches: Sequence[Sequence[int]],
+    lr: float,
+    loss_fn: nn.Module | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Train `model` with SGD on each global batch in turn, in one process.
+
+    Returns (gradient before each step, weights after each step), both flat vectors.
+    """
+    loss_fn = loss_fn or nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    grads, weights = [], []
+    for batch in global_batches:
+        x, y = dataset[list(batch)]
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        optimizer.step()
+        weights.append(flat_parameters(model))
+    return grads, weights
+
+
+def global_batches(per_rank_batches: Sequence[Sequence[Sequence[int]]]) -> list[list[int]]:
+    """Join the ranks' batches of each step: [rank][step][i] -> [step][all indices]."""
+    steps = len(per_rank_batches[0])
+    return [[i for rank in per_rank_batches for i in rank[step]] for step in range(steps)]

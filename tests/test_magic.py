@@ -1,0 +1,47 @@
+"""The %%torchrun cell magic in a real IPython shell."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from ddp_kit import LaunchConfigError, WorkerError
+
+
+@pytest.fixture(scope="module")
+def shell():
+    ipython = InteractiveShell.instance()
+    ipython.run_line_magic("load_ext", "ddp_kit")
+    return ipython
+
+
+def test_cell_body_runs_on_every_rank(shell, capfd):
+    shell.run_cell_magic(
+        "torchrun",
+        "-n 2 --result hello",
+        "from ddp_kit.worker import rank, record\nprint('hi from', rank())\nrecord('r', rank())\n",
+    )
+    result = shell.user_ns["hello"]
+    assert result.ok and result.records["r"].tolist() == [[0, 1]]
+    assert capfd.readouterr().out == "[rank 0] hi from 0\n[rank 1] hi from 1\n"
+
+
+def test_failure_raises_and_keeps_the_result(shell):
+    with pytest.raises(WorkerError, match="Rank 0 failed with ZeroDivisionError"):
+        shell.run_cell_magic("torchrun", "-n 1 --output quiet", "1 / 0\n")
+    assert shell.user_ns["last_run"].root_cause.type == "ZeroDivisionError"
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("-n two", "argument -n/--nproc: invalid int value: 'two'"),
+        ("--nprocs 2", "unrecognized arguments: --nprocs 2"),
+        ("-n 0", "nproc=0"),
+        ("--output loud", "invalid choice: 'loud'"),
+        ("--result 1x", "is not a variable name"),
+    ],
+)
+def test_bad_flags_get_a_clear_error(shell, line, match):
+    with pytest.raises(LaunchConfigError, match=match):
+        shell.run_cell_magic("torchrun", line, "print('never runs')\n")

@@ -1,0 +1,159 @@
+"""A real DDP run on 2 and 4 ranks, checked against the maths of data parallelism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ddp_kit
+from ddp_kit.reference import global_batches, single_process_run
+from ddp_kit.toy import make_dataset, make_model
+
+DATASET_SIZE = 18  # not a multiple of 4: the sampler pads by repeating samples
+BATCH = 2  # per rank
+STEPS = 3
+LR = 0.1
+
+WORKER = f"""
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from ddp_kit.observe import GradientRecorder, checksum, record_sampler, record_weights
+from ddp_kit.scratch import average_gradients, broadcast_parameters
+from ddp_kit.toy import make_dataset, make_model
+from ddp_kit.worker import backend, device_ids, record
+
+dist.init_process_group(backend())
+rank = dist.get_rank()
+data = make_dataset({DATASET_SIZE})
+record_sampler(DistributedSampler(data, shuffle=True, seed=7), epochs=2, name="shard")
+record_sampler(DistributedSampler(data, shuffle=False, drop_last=True), name="shard_drop_last")
+sampler = DistributedSampler(data, shuffle=True, seed=7)
+indices = record_sampler(sampler, name="epoch0")[0]
+sampler.set_epoch(0)
+loader = DataLoader(data, batch_size={BATCH}, sampler=sampler)
+
+model = make_model(seed=rank)  # different on purpose: DDP must broadcast rank 0's weights
+record("checksum_before", checksum(model))
+ddp = DDP(model, device_ids=device_ids(), bucket_cap_mb=1e-5)
+record("checksum_after", checksum(model))
+recorder = GradientRecorder(ddp)
+
+scratch = make_model(seed=rank)
+broadcast_parameters(scratch)
+unsynced = DDP(make_model(seed=rank), device_ids=device_ids())
+
+optimizers = [torch.optim.SGD(m.parameters(), lr={LR}) for m in (ddp, scratch, unsynced)]
+loss_fn = torch.nn.MSELoss()
+for step, (x, y) in enumerate(loader):
+    if step == {STEPS}:
+        break
+    record("batch", indices[step * {BATCH}:(step + 1) * {BATCH}], step)
+    record("x", x, step)
+    for opt in optimizers:
+        opt.zero_grad()
+    loss = loss_fn(ddp(x), y)
+    loss.backward()
+    record("loss", loss, step)
+    loss_fn(scratch(x), y).backward()
+    average_gradients(scratch)
+    with unsynced.no_sync():
+        loss_fn(unsynced(x), y).backward()
+    for opt in optimizers:
+        opt.step()
+    record_weights(ddp, step)
+    record_weights(scratch, step, name="scratch_weights")
+    record_weights(unsynced, step, name="unsynced_weights")
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def run(request):
+    return ddp_kit.launch(WORKER, nproc=request.param, output="quiet")
+
+
+def test_sampler_shards_are_disjoint_cover_and_show_padding(run):
+    world = run.world_size
+    shards = run.records["shard"]  # [epoch, rank, i]
+    per_rank = -(-DATASET_SIZE // world)  # ceil
+    assert shards.shape == (2, world, per_rank)
+    for epoch in range(2):
+        flat = shards[epoch].reshape(-1)
+        assert set(flat.tolist()) == set(range(DATASET_SIZE))  # covers the dataset
+        padding = world * per_rank - DATASET_SIZE
+        order = shards[epoch].T.reshape(-1)  # the shuffled list, as the sampler strides it
+        assert order[DATASET_SIZE:].tolist() == order[:padding].tolist()  # repeats the start
+    assert shards[0].tolist() != shards[1].tolist()  # set_epoch reshuffles
+    dropped = run.records["shard_drop_last"][0]
+    assert len(set(dropped.reshape(-1).tolist())) == dropped.size  # disjoint, nothing repeated
+    assert dropped.size == DATASET_SIZE // world * world
+
+
+def test_ddp_broadcasts_rank0_weights(run):
+    before = run.records["checksum_before"][0]
+    after = run.records["checksum_after"][0]
+    assert len(set(before.tolist())) == run.world_size  # seeded differently on purpose
+    assert after.tolist() == [before[0]] * run.world_size
+
+
+def test_each_rank_gets_its_own_batch(run):
+    data = make_dataset(DATASET_SIZE)
+    for step in range(STEPS):
+        for rank in range(run.world_size):
+            batch = run.records.get("batch", step, rank).tolist()
+            np.testing.assert_array_equal(run.records.get("x", step, rank), data[batch][0])
+
+
+def test_synced_gradient_is_the_mean_of_local_gradients(run):
+    local, synced = run.records["grad_local"], run.records["grad_synced"]
+    assert local.shape == (STEPS, run.world_size, 19)
+    assert not np.allclose(local[:, 0], local[:, 1])  # different data, different gradients
+    mean = local.mean(axis=1)
+    for rank in range(run.world_size):
+        np.testing.assert_allclose(synced[:, rank], mean, rtol=1e-5, atol=1e-7)
+
+
+def test_synced_gradient_equals_single_process_full_batch_gradient(run):
+    ranks = range(run.world_size)
+    batches = [[run.records.get("batch", s, r) for s in range(STEPS)] for r in ranks]
+    grads, weights = single_process_run(
+        make_model(seed=0), make_dataset(DATASET_SIZE), global_batches(batches), lr=LR
+    )
+    for step in range(STEPS):
+        for rank in range(run.world_size):
+            np.testing.assert_allclose(
+                run.records["grad_synced"][step, rank], grads[step].numpy(), rtol=1e-5, atol=1e-6
+            )
+            np.testing.assert_allclose(
+                run.records["weights"][step, rank], weights[step].numpy(), rtol=1e-5, atol=1e-6
+            )
+
+
+def test_weights_are_bit_identical_across_ranks_after_every_step(run):
+    weights = run.records["weights"]
+    for rank in range(1, run.world_size):
+        assert np.array_equal(weights[:, rank], weights[:, 0])
+
+
+def test_from_scratch_data_parallel_matches_torch_ddp(run):
+    np.testing.assert_allclose(
+        run.records["scratch_weights"], run.records["weights"], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_skipping_sync_makes_the_copies_diverge(run):
+    unsynced = run.records["unsynced_weights"]
+    assert np.abs(unsynced[-1] - unsynced[-1, 0]).max() > 1e-3
+
+
+def test_buckets_one_at_first_then_rebuilt_in_backward_order(run):
+    first = run.records.get("buckets", 0, 0)["buckets"]
+    assert len(first) == 1 and sum(b["numel"] for b in first) == 19
+    later = run.records.get("buckets", STEPS - 1, 0)["buckets"]
+    assert len(later) > 1 and sum(b["numel"] for b in later) == 19
+    assert later[0]["params"][0] == "out.bias"  # the last layer's gradients are ready first
+    assert all(b["finished"] >= b["launched"] for b in later)
