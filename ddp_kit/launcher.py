@@ -167,7 +167,7 @@ def _torchrun_commands(script: Path, nproc: int, nnodes: int, log_dir: Path) -> 
     agent = [sys.executable, "-m", "ddp_kit.agent", f"--nproc-per-node={nproc}"]
     return [
         [*agent, *rdzv, "--local-addr=127.0.0.1", "--redirects=3",
-         f"--log-dir={log_dir / f'node{node}'}", str(script)]
+         f"--log-dir={log_dir / f'node{node}'}", "-m", "ddp_kit.runner", str(script)]
         for node, rdzv in enumerate(rendezvous)
     ]  # fmt: skip
 

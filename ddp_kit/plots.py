@@ -148,7 +148,7 @@ def loss_curves(
                 label=f"rank {rank} (its shard)")  # fmt: skip
     ax.plot(steps, losses.mean(axis=1), "k-", lw=2.5, label="global loss (mean of ranks)")
     if reference is not None:
-        ax.plot(steps[: len(reference)], reference, "w--", lw=1.2,
+        ax.plot(steps[: len(reference)], reference, "--", color="crimson", lw=1.5,
                 label="single process, global batch")  # fmt: skip
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")

@@ -1,4 +1,4 @@
-"""Write the worker script torchrun runs: a short bootstrap, then the student's code."""
+"""The worker script torchrun runs on every rank: code text, a .py file or a function."""
 
 from __future__ import annotations
 
@@ -9,12 +9,6 @@ from pathlib import Path
 
 from .errors import LaunchConfigError
 
-BOOTSTRAP = """\
-# Worker script written by ddp_kit; torchrun starts one copy per rank.
-import ddp_kit.worker
-ddp_kit.worker.bootstrap()  # error reports, collective timeout, clean exit
-"""
-
 Worker = str | Path | Callable[[], object]
 
 
@@ -23,13 +17,7 @@ def worker_source(worker: Worker) -> str:
     if callable(worker):
         return _function_source(worker)
     if isinstance(worker, Path) or (isinstance(worker, str) and _looks_like_path(worker)):
-        path = Path(worker)
-        if not path.is_file():
-            raise LaunchConfigError(
-                f"Worker file {str(path)!r} does not exist: pass an existing .py file, "
-                "the worker code as a string, or a function."
-            )
-        return f"import runpy\nrunpy.run_path({str(path.resolve())!r}, run_name='__main__')\n"
+        return _existing_file(Path(worker)).read_text()
     if not isinstance(worker, str) or not worker.strip():
         raise LaunchConfigError("The worker is empty: give it code, a .py file or a function.")
     source = textwrap.dedent(worker)
@@ -41,9 +29,20 @@ def worker_source(worker: Worker) -> str:
 
 
 def write_script(directory: Path, worker: Worker) -> Path:
-    """Write bootstrap + worker source to `directory`/worker.py and return its path."""
+    """The script to run: an existing .py file as it is, else the code written to worker.py."""
+    if isinstance(worker, Path) or (isinstance(worker, str) and _looks_like_path(worker)):
+        return _existing_file(Path(worker)).resolve()
     path = Path(directory) / "worker.py"
-    path.write_text(BOOTSTRAP + "\n" + worker_source(worker))
+    path.write_text(worker_source(worker))
+    return path
+
+
+def _existing_file(path: Path) -> Path:
+    if not path.is_file():
+        raise LaunchConfigError(
+            f"Worker file {str(path)!r} does not exist: pass an existing .py file, "
+            "the worker code as a string, or a function."
+        )
     return path
 
 

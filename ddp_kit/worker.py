@@ -21,6 +21,7 @@ from .records import RecordWriter
 
 _writer: RecordWriter | None = None
 _before_flush: list[Callable[[], None]] = []
+_script: str | None = None
 
 
 def rank() -> int:
@@ -88,8 +89,13 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("DDP_KIT_COLLECTIVE_TIMEOUT", "1800")))
 
 
-def bootstrap() -> None:
-    """Prepare a worker: short collective timeout, error reports, clean shutdown at exit."""
+def bootstrap(script: str | None = None) -> None:
+    """Prepare a worker: short collective timeout, error reports, clean shutdown at exit.
+
+    Reported tracebacks start at `script` (the runner's own frames are left out).
+    """
+    global _script
+    _script = script
     _die_with_parent()
     _shorten_default_collective_timeout()
     sys.excepthook = _report_exception
@@ -117,7 +123,7 @@ def _report_exception(kind: type[BaseException], error: BaseException, tb: Any) 
         "rank": rank(),
         "type": kind.__name__,
         "message": str(error),
-        "traceback": "".join(traceback.format_exception(kind, error, tb)),
+        "traceback": "".join(traceback.format_exception(kind, error, _from_script(tb))),
         "time": time.time(),
     }
     path = Path(error_dir) / f"rank{rank()}.json"
@@ -125,6 +131,14 @@ def _report_exception(kind: type[BaseException], error: BaseException, tb: Any) 
     # sys.__stderr__: init_process_group wraps the excepthook and would prefix "[rankN]:".
     notice = f"{kind.__name__}: {error}  (traceback in the launch error)"
     print(notice, file=sys.__stderr__, flush=True)
+
+
+def _from_script(tb: Any) -> Any:
+    """Skip the traceback entries above the worker script (the runner and runpy)."""
+    first = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename != _script:
+        tb = tb.tb_next
+    return tb or first
 
 
 def _destroy_process_group() -> None:
