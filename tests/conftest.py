@@ -1,4 +1,4 @@
-"""Shared fixtures: every test must leave no torchrun or worker process behind."""
+"""Shared fixtures: every test must leave no torchrun agent or worker process behind."""
 
 from __future__ import annotations
 
@@ -7,19 +7,30 @@ import time
 import psutil
 import pytest
 
+KIT_PROCESSES = ("ddp_kit.agent", "ddp_kit.runner")
 
-def live_children() -> list[psutil.Process]:
-    """This test process's living descendants (zombies already reaped excluded)."""
-    procs = psutil.Process().children(recursive=True)
-    return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+def kit_processes() -> list[psutil.Process]:
+    """Every living torchrun agent or worker started by ddp_kit on this machine, orphans too."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(k in cmdline for k in KIT_PROCESSES):
+            found.append(proc)
+    return found
+
+
+def wait_until_gone(seconds: float = 5.0) -> list[str]:
+    """Wait up to `seconds` for kit processes to end; describe those still there."""
+    deadline = time.monotonic() + seconds
+    while kit_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [f"{p.pid} {' '.join(p.cmdline()[:6])}" for p in kit_processes()]
 
 
 @pytest.fixture(autouse=True)
 def no_orphan_processes():
-    """Fail a test that leaves any child process running."""
+    """Fail a test that leaves any agent or worker running (checked machine-wide)."""
     yield
-    deadline = time.monotonic() + 5
-    while live_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = [f"{p.pid} {' '.join(p.cmdline()[:4])}" for p in live_children()]
+    left = wait_until_gone()
     assert not left, f"processes left running: {left}"

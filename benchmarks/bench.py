@@ -1,0 +1,203 @@
+"""ddp-kit benchmark: launch overhead vs bare torchrun, gloo all-reduce bandwidth, scaling.
+
+    ./kit bench                 # full run (several minutes on 2 cores)
+    ./kit bench --smoke         # seconds: tiny sizes, 2 ranks, no notebook suite
+
+Prints ratios and writes results.json and allreduce.png to --out (default artifacts/bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import ddp_kit
+from ddp_kit.launcher import loopback_interface
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def bare_torchrun(script: Path, nproc: int, args: list[str]) -> tuple[float, str]:
+    """Run `script` with plain torchrun on loopback; return (seconds, stdout)."""
+    env = dict(os.environ, GLOO_SOCKET_IFNAME=loopback_interface(), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+               "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1",
+               str(script), *args]  # fmt: skip
+    start = time.time()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return time.time() - start, done.stdout
+
+
+def kit_launch(script: Path, nproc: int, args: list[str]) -> tuple[float, str]:
+    """Run `script` through ddp_kit.launch; return (seconds, rank 0's stdout)."""
+    start = time.time()
+    result = ddp_kit.launch(script, nproc, output="quiet", env={"BENCH_ARGS": " ".join(args)})
+    return time.time() - start, result.stdout[0]
+
+
+def bench_line(stdout: str) -> dict:
+    """The JSON a benchmark worker prints on a line starting with BENCH."""
+    line = next(x for x in stdout.splitlines() if x.startswith("BENCH "))
+    return json.loads(line[len("BENCH ") :])
+
+
+def launch_overhead(ranks: list[int], repeats: int) -> dict:
+    """Median wall time of a trivial DDP job, bare torchrun vs ddp_kit, with a breakdown."""
+    script = WORKERS / "trivial_ddp.py"
+    out = {}
+    for nproc in ranks:
+        rows = {"bare": [], "kit": []}
+        phases = {"bare": [], "kit": []}
+        for _ in range(repeats):
+            for name, runner in (("bare", bare_torchrun), ("kit", kit_launch)):
+                start = time.time()
+                seconds, stdout = runner(script, nproc, [])
+                rows[name].append(seconds)
+                marks = bench_line(stdout)
+                phases[name].append({
+                    "torchrun start": marks["process_start"] - start,
+                    "torch import": marks["imported"] - marks["process_start"],
+                    "init_process_group": marks["initialized"] - marks["imported"],
+                    "DDP construction": marks["wrapped"] - marks["initialized"],
+                    "one step": marks["stepped"] - marks["wrapped"],
+                    "teardown": start + seconds - marks["stepped"],
+                })  # fmt: skip
+        result = {}
+        for name in rows:
+            result[name] = statistics.median(rows[name])
+            result[f"{name}_phases"] = {
+                k: statistics.median(p[k] for p in phases[name]) for k in phases[name][0]
+            }
+        result["ratio"] = result["kit"] / result["bare"]
+        result["added_s"] = result["kit"] - result["bare"]
+        out[nproc] = result
+    return out
+
+
+def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Bytes per second of one large tensor copy on this machine (one core)."""
+    torch.set_num_threads(1)
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    return nbytes / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def allreduce(ranks: list[int], sizes: list[int]) -> dict:
+    """gloo all-reduce time per message size, with nccl-tests' algbw and busbw."""
+    script = WORKERS / "allreduce.py"
+    out = {}
+    for nproc in ranks:
+        _, stdout = kit_launch(script, nproc, [str(s) for s in sizes])
+        times = bench_line(stdout)["seconds"]
+        bus_factor = 2 * (nproc - 1) / nproc  # nccl-tests: busbw = algbw * 2(N-1)/N
+        out[nproc] = [
+            {"bytes": size, "seconds": t, "algbw": size / t, "busbw": size / t * bus_factor}
+            for size, t in zip(sizes, times, strict=True)
+        ]
+    return out
+
+
+def scaling(ranks: list[int], global_batch: int, steps: int) -> dict:
+    """Training steps per second of the notebooks' TinyNet at a fixed global batch."""
+    script = WORKERS / "train_steps.py"
+    out = {}
+    for nproc in ranks:
+        _, stdout = kit_launch(script, nproc, [str(global_batch // nproc), str(steps)])
+        out[nproc] = bench_line(stdout)["steps_per_second"]
+    return out
+
+
+def notebook_suite() -> float:
+    """Wall time of the nbval notebook suite (as the tests run it)."""
+    command = [sys.executable, "-m", "pytest", "-q", "--nbval", "--nbval-current-env",
+               "--nbval-sanitize-with", "notebooks/sanitize.cfg", "notebooks"]  # fmt: skip
+    start = time.time()
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+    return time.time() - start
+
+
+def plot_allreduce(results: dict, memcpy: float, path: Path) -> None:
+    """Bus bandwidth against message size, with the memory-copy bandwidth for scale."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.5, 3.8))
+    ax = fig.add_subplot()
+    for nproc, rows in results.items():
+        ax.plot([r["bytes"] for r in rows], [r["busbw"] / 1e9 for r in rows], "o-",
+                label=f"gloo busbw, {nproc} ranks")  # fmt: skip
+    ax.axhline(memcpy / 1e9, color="black", ls="--", label="memory copy (1 core)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("GB/s")
+    ax.set_title("gloo all-reduce on 127.0.0.1")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def report(res: dict) -> str:
+    """The human-readable summary."""
+    lines = ["== launch overhead (median wall time of a trivial DDP job) =="]
+    for nproc, r in res["launch"].items():
+        lines.append(f"{nproc} ranks: bare torchrun {r['bare']:.2f} s, ddp_kit {r['kit']:.2f} s, "
+                     f"ratio {r['ratio']:.3f} (+{r['added_s']:.2f} s)")  # fmt: skip
+        for phase, seconds in r["kit_phases"].items():
+            lines.append(f"    {phase:20s} {seconds:6.2f} s (bare {r['bare_phases'][phase]:.2f} s)")
+    lines.append(f"== gloo all-reduce (memory copy {res['memcpy'] / 1e9:.2f} GB/s) ==")
+    for nproc, rows in res["allreduce"].items():
+        for r in rows:
+            lines.append(f"{nproc} ranks {r['bytes']:>10d} B: {r['seconds'] * 1e3:9.3f} ms  "
+                         f"algbw {r['algbw'] / 1e9:7.3f} GB/s  busbw {r['busbw'] / 1e9:7.3f} GB/s  "
+                         f"busbw/memcpy {r['busbw'] / res['memcpy']:.3f}")  # fmt: skip
+    lines.append("== TinyNet steps per second at a fixed global batch ==")
+    base = res["scaling"][min(res["scaling"])]
+    for nproc, sps in res["scaling"].items():
+        lines.append(f"{nproc} ranks: {sps:8.1f} steps/s  (x{sps / base:.2f} of 1 rank)")
+    if res.get("notebooks_s") is not None:
+        lines.append(f"== notebook suite (nbval): {res['notebooks_s']:.0f} s ==")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny, fast run (for tests)")
+    parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "bench")
+    args = parser.parse_args(argv)
+    ranks = [2] if args.smoke else [2, 4]
+    sizes = [1 << 10, 1 << 16] if args.smoke else [1 << k for k in range(10, 27, 2)]
+    res = {
+        "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, gloo on 127.0.0.1",
+        "launch": launch_overhead(ranks, repeats=1 if args.smoke else 3),
+        "memcpy": memcpy_bandwidth(),
+        "allreduce": allreduce(ranks, sizes),
+        "scaling": scaling([1, 2] if args.smoke else [1, 2, 4], 64, 20 if args.smoke else 300),
+        "notebooks_s": None if args.smoke else notebook_suite(),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(res, indent=2))
+    plot_allreduce(res["allreduce"], res["memcpy"], args.out / "allreduce.png")
+    print(res["machine"])
+    print(report(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""A tiny run of the benchmark: every section produces numbers and a plot."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+
+
+@pytest.mark.slow
+def test_benchmark_smoke(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = bench.main(["--smoke", "--out", str(tmp_path)])
+    launch = res["launch"][2]
+    assert launch["bare"] > 0 and launch["kit"] > 0 and launch["ratio"] > 0
+    assert set(launch["kit_phases"]) >= {"torch import", "DDP construction", "teardown"}
+    rows = res["allreduce"][2]
+    assert [r["bytes"] for r in rows] == [1024, 65536]
+    assert all(r["busbw"] == pytest.approx(r["algbw"]) for r in rows)  # 2(N-1)/N = 1 for N=2
+    assert res["memcpy"] > 0 and set(res["scaling"]) == {1, 2}
+    assert (tmp_path / "results.json").exists() and (tmp_path / "allreduce.png").exists()
+    assert "ratio" in capsys.readouterr().out

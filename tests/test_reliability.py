@@ -1,0 +1,116 @@
+"""Classroom faults on real torchrun runs: hangs, timeouts, interrupts, kills, collisions."""
+
+from __future__ import annotations
+
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import kit_processes, wait_until_gone
+
+import ddp_kit
+from ddp_kit import LaunchConfigError, LaunchTimeout, WorkerError
+
+SLEEPER = "import time\ntime.sleep(120)\n"
+
+
+def test_diverged_ranks_end_after_the_collective_timeout_with_an_explanation():
+    code = textwrap.dedent("""
+        import time, torch, torch.distributed as dist
+        from ddp_kit.worker import backend
+        dist.init_process_group(backend())
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(1))   # rank 1 never joins
+        else:
+            time.sleep(60)
+        dist.destroy_process_group()
+    """)
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        ddp_kit.launch(code, nproc=2, collective_timeout=2, output="quiet")
+    assert time.monotonic() - start < 40
+    message = str(caught.value)
+    assert message.startswith("Rank 0 failed with RuntimeError")
+    assert "Timed out waiting 2000ms" in message
+    assert "a collective inside `if rank == 0:`" in message
+
+
+def test_launch_timeout_stops_every_process():
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout, match="time limit of 4 s and was stopped"):
+        ddp_kit.launch(SLEEPER, nproc=2, timeout=4, output="quiet")
+    assert time.monotonic() - start < 20
+    assert wait_until_gone(0.5) == []
+
+
+def start_launcher() -> subprocess.Popen:
+    """A separate Python process (like a kernel) that launches 2 sleeping ranks."""
+    code = f"import ddp_kit\nddp_kit.launch({SLEEPER!r}, nproc=2)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while sum("ddp_kit.runner" in " ".join(p.cmdline()) for p in kit_processes()) < 2:
+        assert time.monotonic() < deadline, "workers never started"
+        time.sleep(0.2)
+    return proc
+
+
+def test_interrupt_stops_the_whole_process_tree():
+    launcher = start_launcher()
+    launcher.send_signal(signal.SIGINT)  # what the kernel's interrupt button sends
+    _, err = launcher.communicate(timeout=30)
+    assert "KeyboardInterrupt: The run was interrupted; all 2 worker processes were stopped" in err
+    assert wait_until_gone(1) == []
+
+
+def test_killed_launcher_leaves_no_orphans():
+    launcher = start_launcher()
+    launcher.kill()  # a crashed or restarted kernel: no chance to clean up
+    launcher.wait()
+    assert wait_until_gone(10) == []
+
+
+def test_two_launches_at_once_do_not_collide():
+    code = "from ddp_kit.worker import rank, record\nrecord('tag', TAG * 10 + rank())\n"
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda tag: ddp_kit.launch(code.replace("TAG", str(tag)), nproc=2,
+                                                        output="quiet"), [1, 2]))  # fmt: skip
+    assert [r.records["tag"].tolist() for r in runs] == [[[10, 11]], [[20, 21]]]
+
+
+def test_nccl_without_enough_gpus_is_refused_before_starting():
+    if ddp_kit.backend.cuda_device_count() >= 64:
+        pytest.skip("this machine has 64 GPUs")
+    with pytest.raises(LaunchConfigError, match="backend='nccl' needs one CUDA GPU per rank"):
+        ddp_kit.launch("print('never')", nproc=64, backend="nccl")
+
+
+def test_workers_talk_over_loopback_only_and_run_dirs_are_private():
+    code = textwrap.dedent("""
+        import os, psutil, torch, torch.distributed as dist
+        from ddp_kit.worker import backend, record
+        dist.init_process_group(backend())
+        dist.all_reduce(torch.ones(1))
+        record("env", {k: os.environ[k] for k in ("MASTER_ADDR", "GLOO_SOCKET_IFNAME")})
+        addresses = {c.laddr.ip for c in psutil.Process().net_connections("inet") if c.laddr}
+        record("addresses", sorted(addresses))
+        dist.destroy_process_group()
+    """)
+    run = ddp_kit.launch(code, nproc=2, keep_run_dir=True, output="quiet")
+    try:
+        assert stat.S_IMODE(run.run_dir.stat().st_mode) == 0o700
+        for rank in range(2):
+            assert run.records.get("env", 0, rank) == {
+                "MASTER_ADDR": "127.0.0.1",
+                "GLOO_SOCKET_IFNAME": ddp_kit.launcher.loopback_interface(),
+            }
+            assert set(run.records.get("addresses", 0, rank)) <= {"127.0.0.1"}
+        assert all("--rdzv-endpoint=127.0.0.1:0" in cmd for cmd in run.commands)
+    finally:
+        import shutil
+
+        shutil.rmtree(run.run_dir)
