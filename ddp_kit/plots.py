@@ -20,6 +20,22 @@ from .result import RunResult
 RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
 
 
+def show_figures_in_notebooks() -> None:
+    """Let IPython display a bare Figure (one not made with pyplot) as a PNG image."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import print_figure
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        formatter = shell.display_formatter.formatters["image/png"]
+        formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+
+
+show_figures_in_notebooks()
+
+
 def rank_color(rank: int) -> str:
     """The colour every figure uses for `rank`."""
     return RANK_COLORS[rank % len(RANK_COLORS)]

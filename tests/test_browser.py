@@ -85,7 +85,7 @@ def browser():
         chromium.close()
 
 
-APP_READY = "() => window.jupyterapp?.shell.currentWidget?.sessionContext !== undefined"
+APP_READY = "(name) => window.jupyterapp?.shell.currentWidget?.context?.path === name"
 
 RUN_ALL = """async () => {
     const app = window.jupyterapp;
@@ -111,8 +111,9 @@ CELLS = """() => {
 
 def run_notebook(page, base: str, token: str, name: str) -> list[dict]:
     """Open `name`, run all cells, wait until every code cell ran; return their outputs."""
-    page.goto(f"{base}/lab/tree/{name}?token={token}")
-    page.wait_for_function(APP_READY, timeout=90000)
+    workspace = Path(name).stem  # a fresh workspace: no tab restored from an earlier page
+    page.goto(f"{base}/lab/workspaces/{workspace}/tree/{name}?reset&token={token}")
+    page.wait_for_function(APP_READY, arg=name, timeout=90000)
     page.evaluate(RUN_ALL)
     deadline = time.monotonic() + 240
     while True:
