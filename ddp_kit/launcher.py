@@ -206,7 +206,8 @@ def _run_agents(
         interrupted = True
     finally:
         for agent in agents:
-            stop_tree(agent.pid)
+            if agent.poll() is None:  # timed out or interrupted: stop it and its workers
+                stop_tree(agent.pid)
             agent.wait()
         for reader in readers:
             reader.join(timeout=5)
