@@ -180,12 +180,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny, fast run (for tests)")
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "bench")
+    parser.add_argument("--launch-only", action="store_true", help="only the launch overhead")
+    parser.add_argument("--repeats", type=int, default=3, help="launches per measurement")
     args = parser.parse_args(argv)
+    if args.launch_only:
+        res = launch_overhead([2, 4], args.repeats)
+        print(json.dumps(res, indent=2))
+        return res
     ranks = [2] if args.smoke else [2, 4]
     sizes = [1 << 10, 1 << 16] if args.smoke else [1 << k for k in range(10, 27, 2)]
     res = {
         "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, gloo on 127.0.0.1",
-        "launch": launch_overhead(ranks, repeats=1 if args.smoke else 3),
+        "launch": launch_overhead(ranks, repeats=1 if args.smoke else args.repeats),
         "memcpy": memcpy_bandwidth(),
         "allreduce": allreduce(ranks, sizes),
         "scaling": scaling([1, 2] if args.smoke else [1, 2, 4], 64, 20 if args.smoke else 300),

@@ -24,7 +24,7 @@ from .script import Worker, write_script
 
 MAX_RANKS = 64
 MAX_NODES = 8
-POLL_SECONDS = 0.05
+POLL_SECONDS = 0.1
 
 
 def launch(

@@ -26,6 +26,7 @@ class _Followed:
     rank: int
     stream: str
     pattern: tuple[Path, str]
+    path: Path | None = None
     offset: int = 0
     partial: str = ""
     lines: list[str] = field(default_factory=list)
@@ -33,10 +34,11 @@ class _Followed:
 
     def read_new(self) -> list[str]:
         """Complete lines written since the last call."""
-        path = _find(*self.pattern)
-        if path is None:
+        if self.path is None:
+            self.path = _find(*self.pattern)
+        if self.path is None or self.path.stat().st_size == self.offset:
             return []
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(self.path, encoding="utf-8", errors="replace") as fh:
             fh.seek(self.offset)
             chunk = fh.read()
             self.offset = fh.tell()
