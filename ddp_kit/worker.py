@@ -40,15 +40,18 @@ def world_size() -> int:
 
 
 def backend() -> str:
-    """The backend the launcher chose: "gloo" (CPU) or "nccl" (one GPU per rank)."""
-    return os.environ.get("DDP_KIT_BACKEND", "gloo")
+    """What to pass to init_process_group: "gloo" on CPU; with one GPU per rank,
+    "cpu:gloo,cuda:nccl" (nccl for CUDA tensors, gloo for any CPU tensor a lesson reduces)."""
+    if os.environ.get("DDP_KIT_BACKEND") == "nccl":
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
 
 
 def device():
     """This rank's device: cuda:<index> under nccl, else the CPU."""
     import torch
 
-    if backend() == "nccl":
+    if os.environ.get("DDP_KIT_BACKEND") == "nccl":
         index = local_rank() + int(os.environ.get("DDP_KIT_DEVICE_OFFSET", "0"))
         torch.cuda.set_device(index)
         return torch.device("cuda", index)

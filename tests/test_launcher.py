@@ -118,3 +118,22 @@ def test_bad_workers_are_rejected(tmp_path):
         ddp_kit.launch("def broken(:\n")
     with pytest.raises(LaunchConfigError, match="empty"):
         ddp_kit.launch("   ")
+
+
+def test_live_output_shows_every_line_as_it_arrives(capfd):
+    code = "import sys\nfrom ddp_kit.worker import rank\nprint('out', rank())\n"
+    code += "print('err', rank(), file=sys.stderr)\n"
+    result = ddp_kit.launch(code, nproc=2, output="live")
+    captured = capfd.readouterr()
+    assert sorted(captured.out.splitlines()) == ["[rank 0] out 0", "[rank 1] out 1"]
+    assert sorted(captured.err.splitlines()) == ["[rank 0] err 0", "[rank 1] err 1"]
+    assert result.stderr == ["err 0\n", "err 1\n"]
+
+
+def test_worker_backend_helpers_follow_the_launcher(monkeypatch):
+    from ddp_kit import worker
+
+    monkeypatch.setenv("DDP_KIT_BACKEND", "gloo")
+    assert (worker.backend(), str(worker.device()), worker.device_ids()) == ("gloo", "cpu", None)
+    monkeypatch.setenv("DDP_KIT_BACKEND", "nccl")
+    assert worker.backend() == "cpu:gloo,cuda:nccl"
