@@ -53,6 +53,9 @@ def lab(tmp_path_factory):
     settings = work / ".settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    news = work / ".settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     token, port = secrets.token_hex(16), free_port()
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(work / ".settings"))
     server = subprocess.Popen(
@@ -124,6 +127,20 @@ def run_notebook(page, base: str, token: str, name: str) -> list[dict]:
         time.sleep(1)
 
 
+SCROLL_TO = """async (index) => {
+    const notebook = window.jupyterapp.shell.currentWidget.content;
+    try { await notebook.scrollToItem(index, 'start'); } catch (e) { /* older API: no scroll */ }
+}"""
+
+
+def screenshot(page, name: str, cell_index: int) -> None:
+    """Save a screenshot with code cell number `cell_index` (counting all cells) at the top."""
+    page.evaluate(SCROLL_TO, cell_index)
+    time.sleep(1)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
 def outputs_of(cells: list[dict], output_type: str | None = None) -> list[dict]:
     return [o for c in cells for o in c["outputs"] if output_type in (None, o["output_type"])]
 
@@ -144,8 +161,7 @@ def test_introduction_runs_in_jupyterlab(lab, browser):
     for rank in range(4):
         assert f"[rank {rank}] hello from rank {rank} of 4" in stdout
     assert "[rank 3] after all_reduce every rank holds 6" in stdout
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "00_introduction.png"), full_page=True)
+    screenshot(page, "00_introduction", 5)  # the %%torchrun hello-world cell
     page.close()
 
 
@@ -171,6 +187,5 @@ def test_allreduce_notebook_shows_figures_and_a_live_step_explorer(lab, browser)
         timeout=30000,
     )  # fmt: skip
     assert readout.inner_text().strip() == "1"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "08_allreduce.png"), full_page=True)
+    screenshot(page, "08_allreduce", 12)  # the step explorer
     page.close()
