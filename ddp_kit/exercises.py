@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,11 +15,20 @@ from .backend import choose_backend
 from .toy import make_dataset, make_model
 
 
-def _verdict(answer: Any, correct: Any, explain: str, close: bool = False) -> bool | None:
+def _verdict(
+    answer: Any,
+    correct: Any,
+    explain: str,
+    close: bool = False,
+    accept: Callable[[Any], bool] | None = None,
+) -> bool | None:
+    """Print and return whether `answer` is right: equal, close (numbers) or `accept`ed."""
     if answer is None:
         print("Not answered yet: replace None with your answer and run the cell again.")
         return None
-    if close:
+    if accept is not None:
+        ok = accept(answer)
+    elif close:
         ok = isinstance(answer, (int, float)) and math.isclose(answer, correct, rel_tol=1e-6)
     else:
         ok = answer == correct
@@ -99,8 +109,8 @@ def check_linear_lr(base_lr: float, ranks: int, answer: float | None) -> bool | 
 
 def check_epoch_fix(answer: str | None) -> bool | None:
     """Pitfalls: what makes DistributedSampler shuffle differently every epoch?"""
-    ok = None if answer is None else "set_epoch" in answer
-    return _verdict(ok, True, "Call sampler.set_epoch(epoch) at the start of every epoch.")
+    explain = "Call sampler.set_epoch(epoch) at the start of every epoch."
+    return _verdict(answer, None, explain, accept=lambda text: "set_epoch" in str(text))
 
 
 def dataset_preview(size: int = 6) -> None:

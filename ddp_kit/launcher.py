@@ -144,7 +144,6 @@ def _worker_env(
         DDP_KIT_RECORD_DIR=str(run_dir / "records"),
         DDP_KIT_ERROR_DIR=str(run_dir / "errors"),
     )
-    env.pop("PYTEST_CURRENT_TEST", None)
     env.update(extra or {})
     return env
 

@@ -12,12 +12,10 @@ from .errors import LaunchConfigError
 Worker = str | Path | Callable[[], object]
 
 
-def worker_source(worker: Worker) -> str:
-    """The Python source a worker runs, from code text, a .py file or a function."""
+def worker_source(worker: str | Callable[[], object]) -> str:
+    """The Python source of a worker given as code text or as a function."""
     if callable(worker):
         return _function_source(worker)
-    if isinstance(worker, Path) or (isinstance(worker, str) and _looks_like_path(worker)):
-        return _existing_file(Path(worker)).read_text()
     if not isinstance(worker, str) or not worker.strip():
         raise LaunchConfigError("The worker is empty: give it code, a .py file or a function.")
     source = textwrap.dedent(worker)
@@ -30,7 +28,7 @@ def worker_source(worker: Worker) -> str:
 
 def write_script(directory: Path, worker: Worker) -> Path:
     """The script to run: an existing .py file as it is, else the code written to worker.py."""
-    if isinstance(worker, Path) or (isinstance(worker, str) and _looks_like_path(worker)):
+    if _is_path(worker):
         return _existing_file(Path(worker)).resolve()
     path = Path(directory) / "worker.py"
     path.write_text(worker_source(worker))
@@ -46,8 +44,12 @@ def _existing_file(path: Path) -> Path:
     return path
 
 
-def _looks_like_path(text: str) -> bool:
-    return "\n" not in text and text.strip().endswith(".py") and " " not in text.strip()
+def _is_path(worker: Worker) -> bool:
+    """A Path, or a one-line string naming a .py file (rather than code)."""
+    if isinstance(worker, Path):
+        return True
+    text = worker.strip() if isinstance(worker, str) else ""
+    return "\n" not in text and text.endswith(".py") and " " not in text
 
 
 def _function_source(fn: Callable[[], object]) -> str:
