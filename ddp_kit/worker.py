@@ -42,16 +42,19 @@ def world_size() -> int:
 def backend() -> str:
     """What to pass to init_process_group: "gloo" on CPU; with one GPU per rank,
     "cpu:gloo,cuda:nccl" (nccl for CUDA tensors, gloo for any CPU tensor a lesson reduces)."""
-    if os.environ.get("DDP_KIT_BACKEND") == "nccl":
-        return "cpu:gloo,cuda:nccl"
-    return "gloo"
+    return "cpu:gloo,cuda:nccl" if _on_gpus() else "gloo"
+
+
+def _on_gpus() -> bool:
+    """Whether the launcher chose nccl, one GPU per rank."""
+    return os.environ.get("DDP_KIT_BACKEND") == "nccl"
 
 
 def device():
     """This rank's device: cuda:<index> under nccl, else the CPU."""
     import torch
 
-    if os.environ.get("DDP_KIT_BACKEND") == "nccl":
+    if _on_gpus():
         index = local_rank() + int(os.environ.get("DDP_KIT_DEVICE_OFFSET", "0"))
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
@@ -64,14 +67,19 @@ def device_ids() -> list[int] | None:
     return [dev.index] if dev.type == "cuda" else None
 
 
-def record(name: str, value: Any, step: int | None = None) -> None:
-    """Save `value` (tensor, number, list, str or dict) for this rank under `name` at `step`."""
+def _record_writer() -> RecordWriter:
+    """This rank's writer, created on first use together with the flush at exit."""
     global _writer
     if _writer is None:
         directory = Path(os.environ.get("DDP_KIT_RECORD_DIR", "ddp_kit_records"))
         _writer = RecordWriter(directory, rank())
         atexit.register(flush)
-    _writer.add(name, value, step)
+    return _writer
+
+
+def record(name: str, value: Any, step: int | None = None) -> None:
+    """Save `value` (tensor, number, list, str or dict) for this rank under `name` at `step`."""
+    _record_writer().add(name, value, step)
 
 
 def flush() -> None:
@@ -83,7 +91,8 @@ def flush() -> None:
 
 
 def before_flush(callback: Callable[[], None]) -> None:
-    """Run `callback` (which may record more) every time the records are written."""
+    """Run `callback` (which may record more) every time the records are written, at exit too."""
+    _record_writer()
     _before_flush.append(callback)
 
 

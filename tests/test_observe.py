@@ -157,3 +157,22 @@ def test_buckets_one_at_first_then_rebuilt_in_backward_order(run):
     assert len(later) > 1 and sum(b["numel"] for b in later) == 19
     assert later[0]["params"][0] == "out.bias"  # the last layer's gradients are ready first
     assert all(b["finished"] >= b["launched"] for b in later)
+
+
+def test_recorder_alone_saves_a_single_step_at_exit():
+    code = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from ddp_kit.observe import GradientRecorder
+from ddp_kit.toy import make_model
+from ddp_kit.worker import backend
+
+dist.init_process_group(backend())
+model = DDP(make_model())
+GradientRecorder(model)  # nothing else is recorded, and only one step runs
+model(torch.ones(2, 4)).sum().backward()
+dist.destroy_process_group()
+"""
+    run = ddp_kit.launch(code, nproc=1, output="quiet")
+    assert run.records["grad_synced"].shape == (1, 1, 19)
