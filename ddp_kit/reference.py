@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -11,28 +12,35 @@ from torch.utils.data import TensorDataset
 from .observe import flat_parameters
 
 
+class ReferenceRun(NamedTuple):
+    """Per step of a single-process run: gradient before the step, weights after, loss."""
+
+    grads: list[torch.Tensor]
+    weights: list[torch.Tensor]
+    losses: list[float]
+
+
 def single_process_run(
     model: nn.Module,
     dataset: TensorDataset,
     global_batches: Sequence[Sequence[int]],
     lr: float,
     loss_fn: nn.Module | None = None,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Train `model` with SGD on each global batch in turn, in one process.
-
-    Returns (gradient before each step, weights after each step), both flat vectors.
-    """
+) -> ReferenceRun:
+    """Train `model` with SGD on each global batch in turn, in one process."""
     loss_fn = loss_fn or nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    grads, weights = [], []
+    run = ReferenceRun([], [], [])
     for batch in global_batches:
         x, y = dataset[list(batch)]
         optimizer.zero_grad()
-        loss_fn(model(x), y).backward()
-        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        run.grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
         optimizer.step()
-        weights.append(flat_parameters(model))
-    return grads, weights
+        run.weights.append(flat_parameters(model))
+        run.losses.append(loss.item())
+    return run
 
 
 def global_batches(per_rank_batches: Sequence[Sequence[Sequence[int]]]) -> list[list[int]]:

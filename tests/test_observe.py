@@ -120,7 +120,7 @@ def test_synced_gradient_is_the_mean_of_local_gradients(run):
 def test_synced_gradient_equals_single_process_full_batch_gradient(run):
     ranks = range(run.world_size)
     batches = [[run.records.get("batch", s, r) for s in range(STEPS)] for r in ranks]
-    grads, weights = single_process_run(
+    grads, weights, _ = single_process_run(
         make_model(seed=0), make_dataset(DATASET_SIZE), global_batches(batches), lr=LR
     )
     for step in range(STEPS):
