@@ -155,8 +155,8 @@ def loss_curves(
 ) -> Figure:
     """Each rank's loss per step, the global loss (their mean) and an optional reference."""
     records = as_records(run)
-    losses = records[name].reshape(len(records.steps(name)), -1)  # [step, rank]
     steps = records.steps(name)
+    losses = records[name].reshape(len(steps), -1)  # [step, rank]
     fig = Figure(figsize=(6.0, 3.4))
     ax = fig.add_subplot()
     for rank in range(losses.shape[1]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import shutil
 import signal
 import stat
 import subprocess
@@ -114,6 +115,4 @@ def test_workers_talk_over_loopback_only_and_run_dirs_are_private():
                 assert (getattr(ip, "ipv4_mapped", None) or ip).is_loopback, address
         assert all("--rdzv-endpoint=127.0.0.1:0" in cmd for cmd in run.commands)
     finally:
-        import shutil
-
         shutil.rmtree(run.run_dir)
