@@ -1,4 +1,4 @@
-"""`python -m ddp_kit.agent ARGS`: torchrun that dies with the Jupyter kernel that started it."""
+"""`python -m ddp_kit.agent ARGS`: torchrun that ends with the Jupyter kernel that started it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .processes import die_with_parent
 
 
 def main() -> None:
-    """Run torchrun with `sys.argv`, after asking Linux to SIGTERM it if its parent dies."""
+    """Run torchrun with `sys.argv`; SIGTERM it (it then stops its ranks) if its parent dies."""
     die_with_parent(signal.SIGTERM)
     from torch.distributed.run import main as torchrun_main
 

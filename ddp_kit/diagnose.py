@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from .result import RankFailure, RunResult
+from .result import RunResult
 
 HANG_SIGNS = ("Timed out waiting", "timed out", "Connection closed by peer", "Connection reset")
 
@@ -15,19 +12,6 @@ HANG_HELP = (
     "of batches, or another rank that crashed. Every rank must call the same collectives in the "
     "same order. If the job is only slow, raise collective_timeout=."
 )
-
-
-def read_failures(error_dir: Path) -> list[RankFailure]:
-    """The exception reports the workers wrote, earliest first."""
-    failures = []
-    for path in sorted(Path(error_dir).glob("rank*.json")):
-        try:
-            data = json.loads(path.read_text())
-            failures.append(RankFailure(**{k: data[k] for k in RankFailure.__annotations__}))
-        except (ValueError, KeyError, TypeError):
-            rank = int(path.stem.removeprefix("rank"))
-            failures.append(RankFailure(rank, "UnreadableReport", str(path), "", float("inf")))
-    return sorted(failures, key=lambda f: f.time)
 
 
 def explain(result: RunResult, timeout: float) -> str:

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from .backend import choose_backend
-from .toy import make_dataset, make_model
+from .toy import make_model
 
 
 def _verdict(
@@ -111,11 +111,3 @@ def check_epoch_fix(answer: str | None) -> bool | None:
     """Pitfalls: what makes DistributedSampler shuffle differently every epoch?"""
     explain = "Call sampler.set_epoch(epoch) at the start of every epoch."
     return _verdict(answer, None, explain, accept=lambda text: "set_epoch" in str(text))
-
-
-def dataset_preview(size: int = 6) -> None:
-    """Print the first samples of the lessons' dataset, rounded."""
-    data = make_dataset(size)
-    for i in range(size):
-        x, y = data[i]
-        print(f"sample {i}: x = {[round(v, 2) for v in x.tolist()]}, y = {y.item():.2f}")

@@ -1,4 +1,18 @@
-"""launch(): write the worker script, run it under torchrun on loopback, collect the result."""
+"""launch(): run a script on N ranks under torchrun, on loopback, and collect what happened.
+
+The process chain (each link dies with the one above it: PDEATHSIG plus a watchdog):
+
+    notebook kernel ── launch() / Session
+      └─ agent, one per node: `python -m ddp_kit.agent` = torchrun (c10d rendezvous, 127.0.0.1)
+           └─ rank, one per process: `python -m ddp_kit.runner SCRIPT` (bootstrap, then SCRIPT)
+
+Everything a run leaves goes into a private run directory (mode 0700), and three things are
+read back from it:
+
+    logs/     each rank's stdout/stderr (torchrun --redirects) -> output.RankOutput -> the cell
+    records/  what record() saved, npz + JSON per rank          -> records.Records
+    errors/   a report per rank that raised                    -> failures + diagnose -> errors
+"""
 
 from __future__ import annotations
 
@@ -10,17 +24,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import diagnose
+from . import diagnose, failures
 from .backend import choose_backend
 from .errors import LaunchConfigError, LaunchTimeout, WorkerError
 from .output import OUTPUT_MODES, RankOutput
 from .processes import stop_tree
 from .records import Records
 from .result import RunResult
-from .script import Worker, write_script
+from .script import Script, write_script
 
 MAX_RANKS = 64
 MAX_NODES = 8
@@ -28,9 +43,10 @@ POLL_SECONDS = 0.1
 
 
 def launch(
-    worker: Worker,
+    script: Script,
     nproc: int = 2,
     *,
+    args: Sequence[str] = (),
     nnodes: int = 1,
     backend: str = "auto",
     timeout: float = 300.0,
@@ -40,29 +56,26 @@ def launch(
     keep_run_dir: bool = False,
     check: bool = True,
 ) -> RunResult:
-    """Run `worker` (code text, a .py path or a function) on `nproc` ranks with torchrun.
+    """Run `script` (code text, a .py path or a function) on `nproc` ranks with torchrun.
 
-    nnodes > 1 starts that many torchrun agents on this machine, as if each were a node of a
-    cluster, all on 127.0.0.1. A failure raises WorkerError naming the rank (unless
-    check=False); `timeout` bounds the whole run, `collective_timeout` each collective.
+    `args` are passed to the script (its sys.argv[1:]). nnodes > 1 starts that many torchrun
+    agents on this machine, as if each were a node of a cluster, all on 127.0.0.1. A failure
+    raises WorkerError naming the rank (unless check=False); `timeout` bounds the whole run,
+    `collective_timeout` each collective.
     """
-    _validate(nproc, nnodes, timeout, collective_timeout, output)
+    validate(nproc, nnodes, timeout, collective_timeout, output)
     choice = choose_backend(nproc * nnodes, backend)
     if choice.fallback:
         print(f"[ddp_kit] {choice.reason}", file=sys.stderr)
-    run_dir = Path(tempfile.mkdtemp(prefix="ddp_kit-run-"))  # mode 0700: private to this user
+    run_dir = make_run_dir()
     try:
-        script = write_script(run_dir, worker)
-        for sub in ("records", "errors", "logs"):
-            (run_dir / sub).mkdir()
-        worker_env = _worker_env(run_dir, choice.backend, collective_timeout, env)
-        commands = _torchrun_commands(script, nproc, nnodes, run_dir / "logs")
-        log_roots = [run_dir / "logs" / f"node{n}" for n in range(nnodes)]
-        shown = RankOutput(log_roots, nproc, output)
+        path = write_script(run_dir, script)
+        commands = torchrun_commands(path, nproc, nnodes, run_dir / "logs", args)
+        shown = RankOutput(log_roots(run_dir, nnodes), nproc, output)
         start = time.perf_counter()
-        returncode, agent_log, timed_out, interrupted = _run_agents(
-            commands, worker_env, shown, timeout, nproc
-        )
+        environment = worker_env(run_dir, choice.backend, collective_timeout, env)
+        agents = Agents.start(commands, environment, nproc)
+        outcome = _wait(agents, shown, timeout)
         duration = time.perf_counter() - start
         shown.finish()
         world = nproc * nnodes
@@ -71,31 +84,32 @@ def launch(
             nnodes=nnodes,
             backend=choice.backend,
             device=choice.device,
-            returncode=returncode,
+            returncode=outcome.returncode,
             duration=duration,
             stdout=[shown.text(r, "stdout") for r in range(world)],
             stderr=[shown.text(r, "stderr") for r in range(world)],
             records=Records.load(run_dir / "records", world),
-            failures=diagnose.read_failures(run_dir / "errors"),
-            timed_out=timed_out,
-            interrupted=interrupted,
-            script=script.read_text(),
-            agent_log=agent_log,
+            failures=failures.read_reports(run_dir / "errors"),
+            timed_out=outcome.timed_out,
+            interrupted=outcome.interrupted,
+            script=path.read_text(),
+            agent_log=outcome.agent_log,
             commands=commands,
             run_dir=run_dir if keep_run_dir else None,
         )
     finally:
         if not keep_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
-    if interrupted:
+    if outcome.interrupted:
         raise KeyboardInterrupt(diagnose.explain(result, timeout))
     if check and not result.ok:
-        error = LaunchTimeout if timed_out else WorkerError
+        error = LaunchTimeout if outcome.timed_out else WorkerError
         raise error(diagnose.explain(result, timeout), result)
     return result
 
 
-def _validate(nproc: int, nnodes: int, timeout: float, collective: float, output: str) -> None:
+def validate(nproc: int, nnodes: int, timeout: float, collective: float, output: str) -> None:
+    """Refuse bad arguments before anything starts, naming the fix."""
     if not isinstance(nproc, int) or isinstance(nproc, bool) or not 1 <= nproc <= MAX_RANKS:
         raise LaunchConfigError(
             f"nproc={nproc!r}: use a whole number of ranks from 1 to {MAX_RANKS} "
@@ -110,6 +124,19 @@ def _validate(nproc: int, nnodes: int, timeout: float, collective: float, output
             raise LaunchConfigError(f"{name}={value!r}: give a positive number of seconds.")
     if output not in OUTPUT_MODES:
         raise LaunchConfigError(f"output={output!r}: use one of {', '.join(OUTPUT_MODES)}.")
+
+
+def make_run_dir() -> Path:
+    """A private run directory (mode 0700) with records/, errors/ and logs/ inside."""
+    run_dir = Path(tempfile.mkdtemp(prefix="ddp_kit-run-"))
+    for sub in ("records", "errors", "logs"):
+        (run_dir / sub).mkdir()
+    return run_dir
+
+
+def log_roots(run_dir: Path, nnodes: int) -> list[Path]:
+    """Where each node's torchrun agent writes its ranks' logs."""
+    return [run_dir / "logs" / f"node{node}" for node in range(nnodes)]
 
 
 def loopback_interface() -> str:
@@ -129,9 +156,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker_env(
+def worker_env(
     run_dir: Path, backend: str, collective_timeout: float, extra: Mapping[str, str] | None
 ) -> dict[str, str]:
+    """The environment of every agent and rank: loopback gloo, and where to write results."""
     package_parent = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -148,7 +176,9 @@ def _worker_env(
     return env
 
 
-def _torchrun_commands(script: Path, nproc: int, nnodes: int, log_dir: Path) -> list[list[str]]:
+def torchrun_commands(
+    script: Path, nproc: int, nnodes: int, log_dir: Path, args: Sequence[str] = ()
+) -> list[list[str]]:
     """One torchrun command per node, all bound to 127.0.0.1."""
     if nnodes == 1:  # c10d rendezvous on port 0: torchrun picks a free port itself
         rendezvous = [["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0"]]
@@ -166,36 +196,82 @@ def _torchrun_commands(script: Path, nproc: int, nnodes: int, log_dir: Path) -> 
     agent = [sys.executable, "-m", "ddp_kit.agent", f"--nproc-per-node={nproc}"]
     return [
         [*agent, *rdzv, "--local-addr=127.0.0.1", "--redirects=3",
-         f"--log-dir={log_dir / f'node{node}'}", "-m", "ddp_kit.runner", str(script)]
+         f"--log-dir={log_dir / f'node{node}'}", "-m", "ddp_kit.runner", str(script),
+         *map(str, args)]
         for node, rdzv in enumerate(rendezvous)
     ]  # fmt: skip
 
 
-def _run_agents(
-    commands: list[list[str]], env: dict[str, str], shown: RankOutput, timeout: float, nproc: int
-) -> tuple[int, str, bool, bool]:
-    """Start the torchrun agents, show output until they end; stop everything on timeout."""
-    agents, logs, readers = [], [], []
-    timed_out = interrupted = False
-    try:
+@dataclass
+class Agents:
+    """The running torchrun agents of one job (one per node), and their own log lines."""
+
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[list[str]] = field(default_factory=list)
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, commands: list[list[str]], env: dict[str, str], nproc: int) -> Agents:
+        """Start one agent per command (node), each in its own session: the kernel's ^C
+        reaches the kernel alone, which then stops the agents itself."""
+        agents = cls()
         for node, command in enumerate(commands):
-            node_env = dict(env, DDP_KIT_DEVICE_OFFSET=str(node * nproc))
-            agent = subprocess.Popen(
+            proc = subprocess.Popen(
                 command,
-                env=node_env,
+                env=dict(env, DDP_KIT_DEVICE_OFFSET=str(node * nproc)),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
             log: list[str] = []
-            reader = threading.Thread(target=_drain, args=(agent, log), daemon=True)
+            reader = threading.Thread(target=_drain, args=(proc, log), daemon=True)
             reader.start()
-            agents.append(agent)
-            logs.append(log)
-            readers.append(reader)
-        deadline = time.monotonic() + timeout
-        while any(a.poll() is None for a in agents):
+            agents.procs.append(proc)
+            agents.logs.append(log)
+            agents.readers.append(reader)
+        return agents
+
+    def running(self) -> bool:
+        """Whether any agent is still running."""
+        return any(proc.poll() is None for proc in self.procs)
+
+    def stop(self) -> None:
+        """Stop every agent still running, with its ranks; wait for all of them."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                stop_tree(proc.pid)
+            proc.wait()
+        for reader in self.readers:
+            reader.join(timeout=5)
+
+    @property
+    def returncode(self) -> int:
+        """The first non-zero exit code of an agent, else 0."""
+        return next((p.returncode for p in self.procs if p.returncode), 0)
+
+    @property
+    def log(self) -> str:
+        """Everything the agents themselves printed."""
+        return "".join("".join(log) for log in self.logs)
+
+
+@dataclass(frozen=True)
+class AgentsOutcome:
+    """How a launch's agents ended."""
+
+    returncode: int
+    agent_log: str
+    timed_out: bool
+    interrupted: bool
+
+
+def _wait(agents: Agents, shown: RankOutput, timeout: float) -> AgentsOutcome:
+    """Show output until the agents end; stop everything on timeout or interrupt."""
+    timed_out = interrupted = False
+    deadline = time.monotonic() + timeout
+    try:
+        while agents.running():
             shown.poll()
             if time.monotonic() > deadline:
                 timed_out = True
@@ -204,16 +280,8 @@ def _run_agents(
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        for agent in agents:
-            if agent.poll() is None:  # timed out or interrupted: stop it and its workers
-                stop_tree(agent.pid)
-            agent.wait()
-        for reader in readers:
-            reader.join(timeout=5)
-    codes = [a.returncode for a in agents]
-    returncode = next((c for c in codes if c != 0), 0)
-    agent_log = "".join("".join(log) for log in logs)
-    return returncode, agent_log, timed_out, interrupted
+        agents.stop()
+    return AgentsOutcome(agents.returncode, agents.log, timed_out, interrupted)
 
 
 def _drain(agent: subprocess.Popen, sink: list[str]) -> None:

@@ -1,17 +1,20 @@
-"""Follow each rank's stdout/stderr log files and show them in the notebook, rank-prefixed.
+"""Show each rank's output in the notebook, rank-prefixed, and keep all of it per rank.
 
 Modes:
 - "ordered" (default): rank 0's stdout appears live; the other ranks' stdout follows when the
-  run ends, in rank order, then every rank's stderr. The same text every run, so nbval can
-  compare it.
+  run (or cell) ends, in rank order, then every rank's stderr. The same text every run, so
+  nbval can compare it.
 - "live": every line as it arrives, ranks interleaved in whatever order they print.
-- "quiet": nothing is shown (the text is still in the RunResult).
+- "quiet": nothing is shown (the text is still kept).
+
+RankPrinter takes text chunks from anywhere (a live rank's channel); RankOutput feeds it from
+the log files torchrun writes for a one-shot launch.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -19,41 +22,83 @@ OUTPUT_MODES = ("ordered", "live", "quiet")
 STREAMS = ("stdout", "stderr")
 
 
-@dataclass
-class _Followed:
-    """One log file being followed: its bytes read so far and its unfinished last line."""
+class RankPrinter:
+    """Cuts each rank's text into lines and shows them as the mode allows."""
 
-    rank: int
-    stream: str
-    pattern: tuple[Path, str]
-    path: Path | None = None
-    offset: int = 0
-    partial: str = ""
-    lines: list[str] = field(default_factory=list)
-    shown: int = 0
+    def __init__(
+        self,
+        ranks: Sequence[int],
+        mode: str = "ordered",
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> None:
+        self.ranks = list(ranks)
+        self.mode = mode
+        self.out = out
+        self.err = err
+        self.lines: dict[tuple[int, str], list[str]] = {}
+        self.partial: dict[tuple[int, str], str] = {}
+        self.shown: dict[tuple[int, str], int] = {}
+        for rank in self.ranks:
+            for stream in STREAMS:
+                self.lines[rank, stream], self.partial[rank, stream] = [], ""
+                self.shown[rank, stream] = 0
 
-    def read_new(self) -> list[str]:
-        """Complete lines written since the last call."""
+    def write(self, rank: int, stream: str, text: str) -> None:
+        """Take `text` from `rank`; show its complete lines if the mode shows them now."""
+        key = (rank, stream)
+        *complete, self.partial[key] = (self.partial[key] + text).split("\n")
+        self.lines[key] += complete
+        if self._live(rank, stream):
+            self._show(rank, stream)
+
+    def finish(self) -> None:
+        """Take the unfinished last lines too, and show everything not shown yet."""
+        for key, partial in self.partial.items():
+            if partial:
+                self.lines[key].append(partial)
+                self.partial[key] = ""
+        for stream in STREAMS:
+            for rank in self.ranks:
+                self._show(rank, stream)
+
+    def text(self, rank: int, stream: str) -> str:
+        """Everything `rank` wrote to `stream` ("stdout" or "stderr")."""
+        return "".join(line + "\n" for line in self.lines[rank, stream])
+
+    def _live(self, rank: int, stream: str) -> bool:
+        return self.mode == "live" or (self.mode == "ordered" and (rank, stream) == (0, "stdout"))
+
+    def _show(self, rank: int, stream: str) -> None:
+        key = (rank, stream)
+        new = self.lines[key][self.shown[key] :]
+        self.shown[key] = len(self.lines[key])
+        if self.mode == "quiet" or not new:
+            return
+        target = (self.out or sys.stdout) if stream == "stdout" else (self.err or sys.stderr)
+        target.write("".join(f"[rank {rank}] {line}\n" for line in new))
+        target.flush()
+
+
+class _LogFile:
+    """One rank's log file, followed from where the last read stopped."""
+
+    def __init__(self, root: Path, relative: str) -> None:
+        self.root, self.relative = Path(root), relative
+        self.path: Path | None = None
+        self.offset = 0
+
+    def read_new(self) -> str:
+        """Text written since the last call ("" if none, or the file does not exist yet)."""
         if self.path is None:
-            self.path = _find(*self.pattern)
+            self.path = _find(self.root, self.relative)
         if self.path is None or self.path.stat().st_size == self.offset:
-            return []
+            return ""
         with open(self.path, encoding="utf-8", errors="replace") as fh:
             fh.seek(self.offset)
             chunk = fh.read()
             self.offset = fh.tell()
-        *complete, self.partial = (self.partial + chunk).split("\n")
-        self.lines += complete
-        return complete
-
-    def close(self) -> list[str]:
-        """Whatever is left, the unfinished last line included."""
-        new = self.read_new()
-        if self.partial:
-            self.lines.append(self.partial)
-            new.append(self.partial)
-            self.partial = ""
-        return new
+        return chunk
 
 
 def _find(root: Path, relative: str) -> Path | None:
@@ -62,8 +107,8 @@ def _find(root: Path, relative: str) -> Path | None:
     return matches[-1] if matches else None
 
 
-class RankOutput:
-    """Shows the workers' output while a run goes on, and keeps all of it per rank."""
+class RankOutput(RankPrinter):
+    """Follows the log files torchrun writes for each rank while a launch goes on."""
 
     def __init__(
         self,
@@ -73,52 +118,22 @@ class RankOutput:
         out: TextIO | None = None,
         err: TextIO | None = None,
     ) -> None:
-        self.mode = mode
-        self.out = out
-        self.err = err
-        self.files: dict[tuple[int, str], _Followed] = {}
-        for node, root in enumerate(log_roots):
-            for local in range(nproc_per_node):
-                rank = node * nproc_per_node + local
-                for stream in STREAMS:
-                    pattern = (Path(root), f"{local}/{stream}.log")
-                    self.files[rank, stream] = _Followed(rank, stream, pattern)
-        self.world_size = len(log_roots) * nproc_per_node
+        super().__init__(range(len(log_roots) * nproc_per_node), mode, out, err)
+        self.files = {
+            (node * nproc_per_node + local, stream): _LogFile(root, f"{local}/{stream}.log")
+            for node, root in enumerate(log_roots)
+            for local in range(nproc_per_node)
+            for stream in STREAMS
+        }
 
     def poll(self) -> None:
-        """Read what the workers wrote since the last poll and show what the mode allows now."""
-        for followed in self.files.values():
-            self._show_live(followed, followed.read_new())
+        """Read what the ranks wrote since the last poll and show what the mode allows now."""
+        for (rank, stream), log in self.files.items():
+            chunk = log.read_new()
+            if chunk:
+                self.write(rank, stream, chunk)
 
     def finish(self) -> None:
-        """Read the rest and show everything not shown yet, in rank order."""
-        for followed in self.files.values():
-            self._show_live(followed, followed.close())
-        if self.mode != "ordered":
-            return
-        for stream in STREAMS:
-            for rank in range(self.world_size):
-                followed = self.files[rank, stream]
-                self._emit(followed, followed.lines[followed.shown :])
-                followed.shown = len(followed.lines)
-
-    def text(self, rank: int, stream: str) -> str:
-        """Everything `rank` wrote to `stream` ("stdout" or "stderr")."""
-        return "".join(line + "\n" for line in self.files[rank, stream].lines)
-
-    def _show_live(self, followed: _Followed, lines: list[str]) -> None:
-        live = self.mode == "live" or (
-            self.mode == "ordered" and followed.rank == 0 and followed.stream == "stdout"
-        )
-        if live and lines:
-            self._emit(followed, lines)
-            followed.shown += len(lines)
-
-    def _emit(self, followed: _Followed, lines: list[str]) -> None:
-        if self.mode == "quiet" or not lines:
-            return
-        target = (
-            (self.out or sys.stdout) if followed.stream == "stdout" else (self.err or sys.stderr)
-        )
-        target.write("".join(f"[rank {followed.rank}] {line}\n" for line in lines))
-        target.flush()
+        """Read the rest, then show everything not shown yet, in rank order."""
+        self.poll()
+        super().finish()

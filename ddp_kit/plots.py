@@ -20,20 +20,12 @@ from .result import RunResult
 RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
 
 
-def show_figures_in_notebooks() -> None:
-    """Let IPython display a bare Figure (one not made with pyplot) as a PNG image."""
-    try:
-        from IPython import get_ipython
-        from IPython.core.pylabtools import print_figure
-    except ImportError:
-        return
-    shell = get_ipython()
-    if shell is not None:
-        formatter = shell.display_formatter.formatters["image/png"]
-        formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+def show_figures_in(shell) -> None:
+    """Let an IPython shell display a bare Figure (one not made with pyplot) as a PNG image."""
+    from IPython.core.pylabtools import print_figure
 
-
-show_figures_in_notebooks()
+    formatter = shell.display_formatter.formatters["image/png"]
+    formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
 
 
 def rank_color(rank: int) -> str:

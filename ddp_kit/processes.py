@@ -1,22 +1,50 @@
-"""Process-tree housekeeping: stop a torchrun agent and every worker, leaving no orphans."""
+"""Process-tree housekeeping: no agent or rank outlives the kernel that started it.
+
+Two guards, both armed in every agent and rank: Linux's PR_SET_PDEATHSIG (the kernel signals
+the child when its parent exits) and a portable watchdog thread that notices the parent is
+gone (macOS has no PDEATHSIG). `stop_tree` ends a whole tree from the kernel's side.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
+import threading
+import time
 
 import psutil
 
 PR_SET_PDEATHSIG = 1
+WATCH_SECONDS = 0.5
+NO_PDEATHSIG = "DDP_KIT_NO_PDEATHSIG"  # set to 1 to rely on the watchdog alone (tests, macOS)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Linux only: deliver `sig` to this process when its parent exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    """Deliver `sig` to this process when its parent exits: PDEATHSIG on Linux, and a watchdog."""
+    if sys.platform.startswith("linux") and not os.environ.get(NO_PDEATHSIG):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    watch_parent(sig)
+
+
+def watch_parent(sig: int, interval: float = WATCH_SECONDS) -> threading.Thread:
+    """A daemon thread that sends `sig` to this process once its parent is gone.
+
+    An orphan is re-parented (to init or a subreaper), so a changed parent pid means the
+    parent died; this works on every POSIX system.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=watch, name="ddp_kit-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
 
 
 def descendants(pid: int) -> list[psutil.Process]:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
-
-from .observe import flat_parameters
 
 
 class ReferenceRun(NamedTuple):
@@ -36,11 +34,15 @@ def single_process_run(
         optimizer.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
-        run.grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        run.grads.append(_flat(p.grad for p in model.parameters()))
         optimizer.step()
-        run.weights.append(flat_parameters(model))
+        run.weights.append(_flat(model.parameters()))
         run.losses.append(loss.item())
     return run
+
+
+def _flat(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
 def global_batches(per_rank_batches: Sequence[Sequence[Sequence[int]]]) -> list[list[int]]:

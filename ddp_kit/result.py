@@ -5,18 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .failures import RankFailure
 from .records import Records
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    """An uncaught exception reported by one rank."""
-
-    rank: int
-    type: str
-    message: str
-    traceback: str
-    time: float
 
 
 @dataclass

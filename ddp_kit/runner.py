@@ -1,21 +1,81 @@
 """`python -m ddp_kit.runner SCRIPT ARGS`: what torchrun starts on every rank.
 
-It prepares the worker (error reports, collective timeout, clean exit), then runs SCRIPT as
-__main__, so tracebacks point at the script's own line numbers.
+It bootstraps the rank (dies with its agent, a short collective timeout, error reports, a clean
+exit), then runs SCRIPT as __main__, so tracebacks point at the script's own line numbers.
 """
 
+from __future__ import annotations
+
+import atexit
+import os
 import runpy
 import sys
+from datetime import timedelta
+from types import TracebackType
 
-from .worker import bootstrap
+from . import failures, worker
+from .processes import die_with_parent
+
+_script: str | None = None
 
 
 def main() -> None:
-    """Bootstrap this rank, then run the worker script with its own argv."""
+    """Bootstrap this rank, then run the script with its own argv."""
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
     bootstrap(script)
     runpy.run_path(script, run_name="__main__")
+
+
+def bootstrap(script: str | None = None) -> None:
+    """Prepare a rank: die with the agent, short collective timeout, error reports, clean exit.
+
+    Reported tracebacks start at `script` (the runner's own frames are left out).
+    """
+    global _script
+    _script = script
+    die_with_parent()
+    shorten_default_collective_timeout()
+    sys.excepthook = _report_exception
+    atexit.register(_destroy_process_group)
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective waits for the other ranks before raising (set by the launcher)."""
+    return timedelta(seconds=float(os.environ.get("DDP_KIT_COLLECTIVE_TIMEOUT", "1800")))
+
+
+def shorten_default_collective_timeout() -> None:
+    """Make init_process_group's default timeout the launcher's, so a hang becomes an error."""
+    if "DDP_KIT_COLLECTIVE_TIMEOUT" not in os.environ:
+        return
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = collective_timeout()
+    if getattr(c10d, "default_pg_nccl_timeout", None) is not None:
+        c10d.default_pg_nccl_timeout = collective_timeout()
+
+
+def _report_exception(
+    kind: type[BaseException], error: BaseException, tb: TracebackType | None
+) -> None:
+    """Write the uncaught exception for the launcher, and a one-line notice to stderr."""
+    error_dir = os.environ.get("DDP_KIT_ERROR_DIR")
+    if error_dir is None:
+        sys.__excepthook__(kind, error, tb)
+        return
+    failures.write_report(error_dir, failures.describe(worker.rank(), error, tb, _script))
+    # sys.__stderr__: init_process_group wraps the excepthook and would prefix "[rankN]:".
+    notice = f"{kind.__name__}: {error}  (traceback in the launch error)"
+    print(notice, file=sys.__stderr__, flush=True)
+
+
+def _destroy_process_group() -> None:
+    """Tear down the process group if the script forgot to (avoids aborts at exit)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The worker script torchrun runs on every rank: code text, a .py file or a function."""
+"""The script torchrun runs on every rank, from code text, a .py file or a function."""
 
 from __future__ import annotations
 
@@ -9,46 +9,47 @@ from pathlib import Path
 
 from .errors import LaunchConfigError
 
-Worker = str | Path | Callable[[], object]
+Script = str | Path | Callable[[], object]
+"""Code text, the path of an existing .py file, or a function taking no arguments."""
 
 
-def worker_source(worker: str | Callable[[], object]) -> str:
-    """The Python source of a worker given as code text or as a function."""
-    if callable(worker):
-        return _function_source(worker)
-    if not isinstance(worker, str) or not worker.strip():
-        raise LaunchConfigError("The worker is empty: give it code, a .py file or a function.")
-    source = textwrap.dedent(worker)
+def script_source(script: str | Callable[[], object]) -> str:
+    """The Python source of a script given as code text or as a function."""
+    if callable(script):
+        return _function_source(script)
+    if not isinstance(script, str) or not script.strip():
+        raise LaunchConfigError("The script is empty: give it code, a .py file or a function.")
+    source = textwrap.dedent(script)
     try:
-        compile(source, "<worker>", "exec")
+        compile(source, "<script>", "exec")
     except SyntaxError as err:
-        raise LaunchConfigError(f"The worker code has a syntax error: {err}") from err
+        raise LaunchConfigError(f"The script has a syntax error: {err}") from err
     return source
 
 
-def write_script(directory: Path, worker: Worker) -> Path:
-    """The script to run: an existing .py file as it is, else the code written to worker.py."""
-    if _is_path(worker):
-        return _existing_file(Path(worker)).resolve()
+def write_script(directory: Path, script: Script) -> Path:
+    """The file to run: an existing .py file as it is, else the code written to worker.py."""
+    if _is_path(script):
+        return _existing_file(Path(script)).resolve()
     path = Path(directory) / "worker.py"
-    path.write_text(worker_source(worker))
+    path.write_text(script_source(script))
     return path
 
 
 def _existing_file(path: Path) -> Path:
     if not path.is_file():
         raise LaunchConfigError(
-            f"Worker file {str(path)!r} does not exist: pass an existing .py file, "
-            "the worker code as a string, or a function."
+            f"Script file {str(path)!r} does not exist: pass an existing .py file, "
+            "the code as a string, or a function."
         )
     return path
 
 
-def _is_path(worker: Worker) -> bool:
+def _is_path(script: Script) -> bool:
     """A Path, or a one-line string naming a .py file (rather than code)."""
-    if isinstance(worker, Path):
+    if isinstance(script, Path):
         return True
-    text = worker.strip() if isinstance(worker, str) else ""
+    text = script.strip() if isinstance(script, str) else ""
     return "\n" not in text and text.endswith(".py") and " " not in text
 
 
@@ -58,6 +59,6 @@ def _function_source(fn: Callable[[], object]) -> str:
     except (OSError, TypeError) as err:
         raise LaunchConfigError(
             f"Cannot read the source of {fn!r}; pass a function defined in a file or "
-            "notebook cell, or the worker code as a string."
+            "notebook cell, or the code as a string."
         ) from err
     return f"{source}\n\nif __name__ == '__main__':\n    {fn.__name__}()\n"

@@ -36,3 +36,11 @@ def make_model(seed: int = 0) -> TinyNet:
     """A TinyNet whose initial weights depend only on `seed`."""
     torch.manual_seed(seed)
     return TinyNet()
+
+
+def preview(size: int = 6) -> None:
+    """Print the first `size` samples of the lessons' dataset, rounded."""
+    data = make_dataset(size)
+    for i in range(size):
+        x, y = data[i]
+        print(f"sample {i}: x = {[round(v, 2) for v in x.tolist()]}, y = {y.item():.2f}")

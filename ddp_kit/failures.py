@@ -1,0 +1,63 @@
+"""Rank failure reports: written by a failing rank, read back by the kernel (both ends here).
+
+A rank that raises writes ``rank<R>.json`` into the run's error directory; the launcher reads
+every report into a RankFailure, earliest first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from types import TracebackType
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """An uncaught exception reported by one rank."""
+
+    rank: int
+    type: str
+    message: str
+    traceback: str
+    time: float
+
+
+def describe(
+    rank: int, error: BaseException, tb: TracebackType | None, start_file: str | None = None
+) -> RankFailure:
+    """A RankFailure for `error`; the traceback starts at the frames of `start_file`, if given."""
+    shown = from_file(tb, start_file) if start_file else tb
+    text = "".join(traceback.format_exception(type(error), error, shown))
+    return RankFailure(rank, type(error).__name__, str(error), text, time.time())
+
+
+def from_file(tb: TracebackType | None, filename: str) -> TracebackType | None:
+    """Skip the traceback entries above `filename` (the runner's, runpy's or the server's)."""
+    first = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    return tb or first
+
+
+def write_report(error_dir: Path, failure: RankFailure) -> Path:
+    """Save `failure` as rank<R>.json in `error_dir`."""
+    path = Path(error_dir) / f"rank{failure.rank}.json"
+    path.write_text(json.dumps(asdict(failure)))
+    return path
+
+
+def read_reports(error_dir: Path) -> list[RankFailure]:
+    """Every report in `error_dir`, earliest first; an unreadable one is reported as such."""
+    names = [f.name for f in fields(RankFailure)]
+    failures = []
+    for path in sorted(Path(error_dir).glob("rank*.json")):
+        try:
+            data = json.loads(path.read_text())
+            failures.append(RankFailure(**{name: data[name] for name in names}))
+        except (ValueError, KeyError, TypeError):
+            rank = int(path.stem.removeprefix("rank"))
+            failures.append(RankFailure(rank, "UnreadableReport", str(path), "", float("inf")))
+    return sorted(failures, key=lambda f: f.time)
