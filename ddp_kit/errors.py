@@ -12,15 +12,31 @@ class LaunchConfigError(DDPKitError, ValueError):
 
 
 class WorkerError(DDPKitError, RuntimeError):
-    """A rank failed: the message names it and carries its traceback."""
+    """A rank failed: the message names it and carries its traceback.
 
-    def __init__(self, message: str, result: object) -> None:
+    In a notebook, IPython shows `rendered` (via _render_traceback_): the rank's own traceback
+    with the cell's line numbers, and none of the kit's frames.
+    """
+
+    def __init__(self, message: str, result: object, rendered: list[str] | None = None) -> None:
         super().__init__(message)
         self.result = result
+        self.rendered = rendered
+
+    def _render_traceback_(self) -> list[str]:
+        return self.rendered or [f"{type(self).__name__}: {self}"]
 
 
 class LaunchTimeout(WorkerError):
     """The whole run took longer than the launch timeout and was stopped."""
+
+
+class CellError(WorkerError):
+    """A cell raised on one or more live ranks; the session is still running."""
+
+
+class SessionError(DDPKitError, RuntimeError):
+    """The live ranks could not start, or are gone; the message says what to do."""
 
 
 class RecordError(DDPKitError, ValueError):

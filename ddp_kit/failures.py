@@ -42,6 +42,18 @@ def from_file(tb: TracebackType | None, filename: str) -> TracebackType | None:
     return tb or first
 
 
+def drop_trailing(tb: TracebackType | None, filename: str) -> TracebackType | None:
+    """Drop the entries in `filename` that come after other code's (a signal handler's)."""
+    entry, seen_other = tb, False
+    while entry is not None and entry.tb_next is not None:
+        seen_other |= entry.tb_frame.f_code.co_filename != filename
+        if seen_other and entry.tb_next.tb_frame.f_code.co_filename == filename:
+            entry.tb_next = None
+            break
+        entry = entry.tb_next
+    return tb
+
+
 def write_report(error_dir: Path, failure: RankFailure) -> Path:
     """Save `failure` as rank<R>.json in `error_dir`."""
     path = Path(error_dir) / f"rank{failure.rank}.json"

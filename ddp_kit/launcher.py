@@ -101,10 +101,11 @@ def launch(
         if not keep_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
     if outcome.interrupted:
-        raise KeyboardInterrupt(diagnose.explain(result, timeout))
+        raise KeyboardInterrupt(diagnose.explain(result, timeout).message)
     if check and not result.ok:
         error = LaunchTimeout if outcome.timed_out else WorkerError
-        raise error(diagnose.explain(result, timeout), result)
+        explanation = diagnose.explain(result, timeout)
+        raise error(explanation.message, result, explanation.rendered(error.__name__))
     return result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 import signal
 import stat
@@ -50,10 +51,11 @@ def test_launch_timeout_stops_every_process():
     assert wait_until_gone(0.5) == []
 
 
-def start_launcher() -> subprocess.Popen:
+def start_launcher(env: dict | None = None) -> subprocess.Popen:
     """A separate Python process (like a kernel) that launches 2 sleeping ranks."""
     code = f"import ddp_kit\nddp_kit.launch({SLEEPER!r}, nproc=2)\n"
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})  # fmt: skip
     deadline = time.monotonic() + 60
     while sum("ddp_kit.runner" in " ".join(p.cmdline()) for p in kit_processes()) < 2:
         assert time.monotonic() < deadline, "workers never started"
@@ -69,8 +71,10 @@ def test_interrupt_stops_the_whole_process_tree():
     assert wait_until_gone(1) == []
 
 
-def test_killed_launcher_leaves_no_orphans():
-    launcher = start_launcher()
+@pytest.mark.parametrize("guard", ["pdeathsig", "watchdog"])
+def test_killed_launcher_leaves_no_orphans(guard):
+    # "watchdog": Linux's PR_SET_PDEATHSIG off, as on macOS; the portable watchdog alone
+    launcher = start_launcher({"DDP_KIT_NO_PDEATHSIG": "1"} if guard == "watchdog" else {})
     launcher.kill()  # a crashed or restarted kernel: no chance to clean up
     launcher.wait()
     assert wait_until_gone(10) == []

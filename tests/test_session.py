@@ -1,0 +1,186 @@
+"""Live ranks: real torchrun sessions (gloo, CPU): DDP cell by cell, interrupts, killed kernels,
+two sessions, the channel's key and the magics."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from multiprocessing.connection import Client, Listener
+
+import numpy as np
+import pytest
+from conftest import kit_processes, wait_until_gone
+from IPython.core.interactiveshell import InteractiveShell
+from test_session_live import SETUP
+
+import ddp_kit
+from ddp_kit.errors import LaunchConfigError, SessionError
+from ddp_kit.session import Session, _accept_ranks
+
+
+def test_a_rank_stuck_in_a_collective_makes_the_session_restart():
+    with Session(2, collective_timeout=60, cell_timeout=2, output="quiet") as session:
+        session.run(SETUP + "kept = 1\n")
+        old = set(session._pids.values())
+        with pytest.raises(SessionError, match="did not come back within 5 s.*was restarted"):
+            session.run("if rank == 0:\n    dist.all_reduce(torch.ones(1))\n")
+        assert session.running and not old & set(session._pids.values())
+        assert session.run("1 + 1").stdout == ["2\n", "2\n"]
+    assert wait_until_gone(5) == []
+
+
+STEPS = 3
+TRAIN_SETUP = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+from ddp_kit.toy import make_dataset, make_model
+from ddp_kit.worker import backend
+
+dist.init_process_group(backend())
+data = make_dataset(24)
+loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data, shuffle=True, seed=3))
+model = DDP(make_model(seed=dist.get_rank()))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = iter(loader)
+"""
+FORWARD = (
+    "x, y = next(batches)\noptimizer.zero_grad()\nloss = torch.nn.functional.mse_loss(model(x), y)"
+)
+BACKWARD = "loss.backward()"
+STEP = "optimizer.step()\nweights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])"
+
+
+def test_ddp_walked_cell_by_cell_equals_the_same_training_in_one_launch():
+    with Session(4, output="quiet") as session:
+        session.run(TRAIN_SETUP)
+        for _ in range(STEPS):
+            for cell in (FORWARD, BACKWARD, STEP):
+                session.run(cell)
+        walked = np.stack(session.pull("weights"))
+    script = TRAIN_SETUP + f"for _ in range({STEPS}):\n"
+    script += textwrap.indent("\n".join([FORWARD, BACKWARD, STEP]), "    ")
+    script += "\nfrom ddp_kit.worker import record\nrecord('weights', weights)\n"
+    launched = ddp_kit.launch(script, nproc=4, output="quiet").records["weights"][0]
+    assert np.array_equal(walked, launched)  # bit for bit
+    assert all(np.array_equal(walked[r], walked[0]) for r in range(4))
+
+
+KERNEL = """
+import sys, time
+from ddp_kit.session import Session
+session = Session(2, output="quiet")
+print("READY", flush=True)
+try:
+    session.run("import time\\ntime.sleep(60)")
+except KeyboardInterrupt as stop:
+    print("INTERRUPTED", stop, flush=True)
+    print("ALIVE", session.run("1 + 1").stdout, flush=True)
+    session.close()
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+def start_kernel(code: str, env: dict | None = None) -> subprocess.Popen:
+    """A separate Python process standing in for a notebook kernel; waits for READY."""
+    import os
+
+    kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, **(env or {})})  # fmt: skip
+    assert kernel.stdout.readline().strip() == "READY"
+    return kernel
+
+
+def test_interrupting_the_kernel_interrupts_the_ranks_and_keeps_the_session():
+    kernel = start_kernel(KERNEL)
+    time.sleep(1)
+    kernel.send_signal(signal.SIGINT)  # Jupyter's stop button
+    out, _ = kernel.communicate(timeout=60)
+    assert "INTERRUPTED The cell was interrupted; ranks [0, 1] were interrupted." in out
+    assert "The session is still running" in out and "ALIVE ['2\\n', '2\\n']" in out
+    assert wait_until_gone(5) == []
+
+
+@pytest.mark.parametrize("guard", ["pdeathsig", "watchdog"])
+def test_a_killed_kernel_leaves_no_process(guard):
+    env = {"DDP_KIT_NO_PDEATHSIG": "1"} if guard == "watchdog" else {}
+    kernel = start_kernel(KERNEL, env)
+    assert len(kit_processes()) == 3  # one agent, two ranks
+    kernel.kill()  # a crashed or restarted kernel: no chance to clean up
+    kernel.wait()
+    assert wait_until_gone(15) == []
+
+
+def test_two_sessions_at_once_do_not_collide():
+    with Session(2, output="quiet") as first, Session(2, output="quiet") as second:
+        for session, tag in ((first, 1), (second, 2)):
+            session.run(SETUP + f"t = torch.tensor([{tag}.0])\ndist.all_reduce(t)")
+        assert [v.item() for v in first.pull("t")] == [2.0, 2.0]
+        assert [v.item() for v in second.pull("t")] == [4.0, 4.0]
+    assert wait_until_gone(5) == []
+
+
+class _Running:
+    def running(self) -> bool:
+        return True
+
+
+def test_a_connection_without_the_key_is_refused_before_anything_is_read():
+    listener = Listener(("127.0.0.1", 0), family="AF_INET", authkey=b"right key")
+    results = {}
+    thread = threading.Thread(
+        target=lambda: results.update(accepted=_accept_ranks(listener, 1, _Running(), 20))
+    )
+    thread.start()
+    with pytest.raises(Exception, match="digest"):
+        Client(listener.address, family="AF_INET", authkey=b"wrong key")
+    good = Client(listener.address, family="AF_INET", authkey=b"right key")
+    good.send(("hello", 0, 1234))
+    thread.join(20)
+    listener.close()
+    assert list(results["accepted"]) == [0] and results["accepted"][0][1] == 1234
+    good.close()
+
+
+@pytest.fixture
+def shell():
+    ipython = InteractiveShell.instance()
+    ipython.run_line_magic("load_ext", "ddp_kit")
+    yield ipython
+    ipython.run_line_magic("ranks", "stop")
+
+
+def test_the_magics_in_a_real_shell(shell, capsys):
+    with pytest.raises(LaunchConfigError, match="No live ranks: start them first"):
+        shell.run_cell_magic("ranks", "", "print(1)")
+    shell.run_line_magic("ranks", "start -n 2")
+    assert "[ddp_kit] 2 live ranks ready (gloo on cpu)" in capsys.readouterr().out
+    with pytest.raises(LaunchConfigError, match="already running.*%ranks restart"):
+        shell.run_line_magic("ranks", "start")
+    shell.run_cell_magic("ranks", "", "from ddp_kit.worker import rank\nprint('hi', rank())")
+    assert capsys.readouterr().out == "[rank 0] hi 0\n[rank 1] hi 1\n"
+    shell.run_cell_magic("ranks", "--on 1 --result one", "print('only', rank())")
+    assert capsys.readouterr().out == "[rank 1] only 1\n"
+    assert shell.user_ns["one"].ranks == [1]
+    shell.run_line_magic("ranks", "status")
+    assert "2 live ranks, gloo on cpu" in capsys.readouterr().out
+    assert isinstance(shell.user_ns["session"], Session)
+    for line, match in [("--on x", "--on: 'x' is not a rank list"), ("--on 5", "ranks \\[5\\]")]:
+        with pytest.raises((LaunchConfigError, SessionError), match=match):
+            shell.run_cell_magic("ranks", line, "print(1)")
+    with pytest.raises(LaunchConfigError, match="unknown command 'go'"):
+        shell.run_line_magic("ranks", "go")
+    with pytest.raises(LaunchConfigError, match="invalid int value: 'four'"):
+        shell.run_line_magic("ranks", "start -n four")
+    shell.run_line_magic("ranks", "stop")
+    assert wait_until_gone(5) == []
+    doc = shell.find_magic("ranks").__doc__
+    for flag in ("--nproc", "--backend", "--collective-timeout", "--cell-timeout", "--on"):
+        assert flag in doc

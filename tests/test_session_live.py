@@ -1,0 +1,103 @@
+"""Live ranks, one session for the whole module: state, output, errors, limits, records."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from conftest import wait_until_gone
+
+from ddp_kit.errors import CellError
+from ddp_kit.session import Session
+
+SETUP = """
+import time
+import torch
+import torch.distributed as dist
+from ddp_kit.worker import backend, record
+dist.init_process_group(backend())
+rank = dist.get_rank()
+"""
+
+
+@pytest.fixture(scope="module")
+def live():
+    session = Session(2, collective_timeout=3, cell_timeout=30, output="quiet")
+    session.run(SETUP)
+    yield session
+    session.close()
+    assert wait_until_gone(10) == []
+
+
+def test_state_persists_across_cells_and_all_reduce_sums(live):
+    live.run("mine = torch.tensor([float(rank + 1)])")
+    result = live.run("dist.all_reduce(mine)\nprint('sum', mine.item())")
+    assert result.ok and result.stdout == ["sum 3.0\n", "sum 3.0\n"]
+    assert [value.tolist() for value in live.pull("mine")] == [[3.0], [3.0]]
+    assert live.pull("rank") == [0, 1]
+
+
+def test_a_cell_can_run_on_some_ranks_only(live):
+    result = live.run("only = rank * 10\nprint('here', rank)", ranks=[1])
+    assert result.ranks == [1] and result.stdout == ["", "here 1\n"]
+    with pytest.raises(CellError, match="Rank 0 failed with NameError: name 'only'"):
+        live.pull("only")
+    assert live.pull("only", ranks=[1]) == [10]
+
+
+def test_last_expression_is_shown_like_a_notebook_cell(live):
+    assert live.run("rank + 40").stdout == ["40\n", "41\n"]
+
+
+def test_an_exception_names_the_rank_and_the_session_stays_usable(live):
+    with pytest.raises(CellError) as caught:
+        live.run("x = 1\nif rank == 1:\n    raise ValueError('rank one is broken')\n")
+    message = str(caught.value)
+    assert message.startswith("Rank 1 failed with ValueError: rank one is broken")
+    assert 'File "<cell' in message and "line 3, in <module>" in message
+    assert "rank_server" not in message  # no frame of the kit
+    rendered = "\n".join(caught.value._render_traceback_())
+    assert rendered.count("ValueError: rank one is broken") == 1  # once: its traceback's end
+    assert caught.value.result.failures[0].rank == 1
+    assert live.run("print(x + rank)").stdout == ["1\n", "2\n"]
+
+
+def test_records_are_read_back_as_in_a_launch(live):
+    live.run("for step in range(3):\n    record('loss', 10.0 * step + rank)")
+    records = live.records
+    assert records["loss"][:, 1].tolist() == [1.0, 11.0, 21.0]
+
+
+def test_a_cell_past_its_time_limit_is_interrupted_and_state_is_kept(live):
+    live.run("kept = 7")
+    live.cell_timeout = 2
+    try:
+        start = time.monotonic()
+        with pytest.raises(CellError, match="passed its cell_timeout of 2 s; ranks \\[0, 1\\]"):
+            live.run("time.sleep(60)")
+        assert time.monotonic() - start < 10
+    finally:
+        live.cell_timeout = 30
+    assert live.pull("kept") == [7, 7]
+
+
+def test_a_diverged_collective_is_explained_and_the_session_restarted(live):
+    with pytest.raises(CellError) as caught:
+        live.run("if rank == 0:\n    dist.all_reduce(torch.ones(1))\n")
+    message = str(caught.value)
+    assert "Rank 0 failed with RuntimeError: Timed out waiting 3000ms" in message
+    assert "a collective inside `if rank == 0:`" in message
+    assert "The session was restarted" in message and "is lost" in message
+    with pytest.raises(CellError, match="name 'kept' is not defined"):
+        live.pull("kept")
+    live.run(SETUP)  # the fresh ranks work
+    assert live.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()").stdout == ["2.0\n"] * 2
+
+
+def test_only_loopback_listens_and_the_kernel_listens_on_nothing_after_start(live):
+    assert not [c for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
+    for pid in live._pids.values():
+        for conn in psutil.Process(pid).net_connections("inet"):
+            if conn.status == "LISTEN":
+                assert conn.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), conn
