@@ -1,7 +1,8 @@
-"""ddp-kit benchmark: launch overhead vs bare torchrun, gloo all-reduce bandwidth, scaling.
+"""ddp-kit benchmark: launch overhead vs bare torchrun, live ranks vs fresh launches, gloo
+all-reduce bandwidth, scaling.
 
     ./kit bench                 # full run (several minutes on 2 cores)
-    ./kit bench --smoke         # seconds: tiny sizes, 2 ranks, no notebook suite
+    ./kit bench --smoke         # a minute: tiny sizes, 2 ranks, no notebook suite
 
 Prints ratios and writes results.json and allreduce.png to --out (default artifacts/bench).
 """
@@ -124,6 +125,57 @@ def scaling(ranks: list[int], global_batch: int, steps: int) -> dict:
     return out
 
 
+LIVE_SETUP = """
+import torch
+import torch.distributed as dist
+from ddp_kit.worker import backend
+dist.init_process_group(backend())
+"""
+LIVE_DDP = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+from ddp_kit.toy import make_model
+model = DDP(make_model())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 4), torch.randn(8, 1)
+"""
+LIVE_STEP = """
+optimizer.zero_grad()
+torch.nn.functional.mse_loss(model(x), y).backward()
+optimizer.step()
+"""
+
+
+def live_ranks(ranks: list[int], cells: int, launches: int) -> dict:
+    """Live ranks: session start, a trivial cell and a DDP step cell (medians of `cells`),
+    the first DDP construction, and the same step as a fresh launch()."""
+    from ddp_kit.session import Session
+
+    out = {}
+    for nproc in ranks:
+        start = time.perf_counter()
+        with Session(nproc, output="quiet") as session:
+            started = time.perf_counter() - start
+            session.run(LIVE_SETUP)
+            first_ddp = _timed(lambda s=session: s.run(LIVE_DDP))
+            trivial = [_timed(lambda s=session: s.run("pass")) for _ in range(cells)]
+            step = [_timed(lambda s=session: s.run(LIVE_STEP)) for _ in range(cells)]
+        fresh = [
+            _timed(
+                lambda n=nproc: ddp_kit.launch(LIVE_SETUP + LIVE_DDP + LIVE_STEP, n, output="quiet")
+            )  # fmt: skip
+            for _ in range(launches)
+        ]
+        out[nproc] = {
+            "session_start_s": started,
+            "first_ddp_s": first_ddp,
+            "trivial_cell_ms": 1e3 * statistics.median(trivial),
+            "ddp_step_cell_ms": 1e3 * statistics.median(step),
+            "fresh_launch_s": statistics.median(fresh),
+            "speedup": statistics.median(fresh) / statistics.median(step),
+        }
+    return out
+
+
 def notebook_suite() -> float:
     """Wall time of the nbval notebook suite (as the tests run it)."""
     command = [sys.executable, "-m", "pytest", "-q", "--nbval", "--nbval-current-env",
@@ -167,6 +219,12 @@ def report(res: dict) -> str:
             lines.append(f"{nproc} ranks {r['bytes']:>10d} B: {r['seconds'] * 1e3:9.3f} ms  "
                          f"algbw {r['algbw'] / 1e9:7.3f} GB/s  busbw {r['busbw'] / 1e9:7.3f} GB/s  "
                          f"busbw/memcpy {r['busbw'] / res['memcpy']:.3f}")  # fmt: skip
+    lines.append("== live ranks (Session): the same DDP step as a cell vs a fresh launch ==")
+    for nproc, r in res["live"].items():
+        lines.append(f"{nproc} ranks: session start {r['session_start_s']:.2f} s, first DDP "
+                     f"{r['first_ddp_s']:.3f} s, trivial cell {r['trivial_cell_ms']:.1f} ms, "
+                     f"DDP step cell {r['ddp_step_cell_ms']:.1f} ms, fresh launch "
+                     f"{r['fresh_launch_s']:.2f} s: x{r['speedup']:.0f}")  # fmt: skip
     lines.append("== TinyNet steps per second at a fixed global batch ==")
     base = res["scaling"][min(res["scaling"])]
     for nproc, sps in res["scaling"].items():
@@ -177,7 +235,7 @@ def report(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--smoke", action="store_true", help="tiny, fast run (for tests)")
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "bench")
     parser.add_argument("--launch-only", action="store_true", help="only the launch overhead")
@@ -194,6 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
         "launch": launch_overhead(ranks, repeats=1 if args.smoke else args.repeats),
         "memcpy": memcpy_bandwidth(),
         "allreduce": allreduce(ranks, sizes),
+        "live": live_ranks(ranks, 5 if args.smoke else 30, 1 if args.smoke else 3),
         "scaling": scaling([1, 2] if args.smoke else [1, 2, 4], 64, 20 if args.smoke else 300),
         "notebooks_s": None if args.smoke else notebook_suite(),
     }

@@ -75,6 +75,22 @@ def shard_map(
     return fig
 
 
+def per_rank(values: Sequence[float], label: str, title: str = "") -> Figure:
+    """One bar per rank (in the rank colours) and a line at their mean."""
+    values = np.asarray(values, dtype=float).reshape(-1)
+    ranks = range(len(values))
+    fig = Figure(figsize=(5.0, 3.0))
+    ax = fig.add_subplot()
+    ax.bar(ranks, values, color=[rank_color(r) for r in ranks])
+    ax.axhline(values.mean(), color="black", lw=2, label=f"mean of the ranks: {values.mean():.4g}")
+    ax.set_xticks(list(ranks), [f"rank {r}" for r in ranks])
+    ax.set_ylabel(label)
+    ax.set_title(title or f"{label} on each rank")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def parameter_labels(records: Records, count: int) -> list[str]:
     """Names like 'hidden.weight[0,1]' for the first `count` entries of a flat vector."""
     if "param_layout" not in records:

@@ -20,6 +20,10 @@ def test_benchmark_smoke(tmp_path, capsys):
     rows = res["allreduce"][2]
     assert [r["bytes"] for r in rows] == [1024, 65536]
     assert all(r["busbw"] == pytest.approx(r["algbw"]) for r in rows)  # 2(N-1)/N = 1 for N=2
+    live = res["live"][2]
+    assert (
+        0 < live["trivial_cell_ms"] and 0 < live["ddp_step_cell_ms"] < 1e3 * live["fresh_launch_s"]
+    )
     assert res["memcpy"] > 0 and set(res["scaling"]) == {1, 2}
     assert (tmp_path / "results.json").exists() and (tmp_path / "allreduce.png").exists()
     assert "ratio" in capsys.readouterr().out
