@@ -93,6 +93,18 @@ def explain(result: RunResult, timeout: float) -> Explanation:
     return explain_failures(result.failures)
 
 
+def teardown_note(result: RunResult) -> str | None:
+    """A note for a run whose every script completed but whose exit code says a rank crashed
+    as its process ended: the work and records are complete, and the crash is said."""
+    if result.returncode == 0 or not result.all_completed or result.failures:
+        return None
+    return (
+        f"torchrun exited with code {result.returncode}, but only after every rank's script "
+        "had completed and saved its records: a rank crashed while its process was ending. "
+        "The results are complete." + stderr_tails(result.stderr, lines=1)
+    )
+
+
 def stderr_tails(stderr: Sequence[str], lines: int = 5) -> str:
     """The last few non-empty stderr lines of every rank that wrote any."""
     parts = []

@@ -33,6 +33,8 @@ from .backend import choose_backend
 from .errors import LaunchConfigError, LaunchTimeout, WorkerError
 from .output import OUTPUT_MODES, RankOutput
 from .processes import stop_tree
+from .progress import LaunchProgress
+from .progress import wanted as progress_wanted
 from .records import Records
 from .result import RunResult
 from .script import Script, write_script
@@ -72,13 +74,15 @@ def launch(
         path = write_script(run_dir, script)
         commands = torchrun_commands(path, nproc, nnodes, run_dir / "logs", args)
         shown = RankOutput(log_roots(run_dir, nnodes), nproc, output)
+        world = nproc * nnodes
+        progress = LaunchProgress(run_dir, world, output != "quiet" and progress_wanted())
         start = time.perf_counter()
         environment = worker_env(run_dir, choice.backend, collective_timeout, env)
         agents = Agents.start(commands, environment, nproc)
-        outcome = _wait(agents, shown, timeout)
+        outcome = _wait(agents, shown, timeout, progress)
         duration = time.perf_counter() - start
         shown.finish()
-        world = nproc * nnodes
+        progress.finish(f"{world} ranks ran for {duration:.1f} s")
         result = RunResult(
             nproc=nproc,
             nnodes=nnodes,
@@ -96,7 +100,12 @@ def launch(
             agent_log=outcome.agent_log,
             commands=commands,
             run_dir=run_dir if keep_run_dir else None,
+            completed=sorted(int(p.name[4:]) for p in (run_dir / "done").glob("rank*")),
         )
+        note = diagnose.teardown_note(result)
+        if note:
+            result.notes.append(note)
+            print(f"[ddp_kit] note: {note}", file=sys.stderr)
     finally:
         if not keep_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -128,9 +137,9 @@ def validate(nproc: int, nnodes: int, timeout: float, collective: float, output:
 
 
 def make_run_dir() -> Path:
-    """A private run directory (mode 0700) with records/, errors/ and logs/ inside."""
+    """A private run directory (mode 0700) with records/, errors/, logs/ and done/ inside."""
     run_dir = Path(tempfile.mkdtemp(prefix="ddp_kit-run-"))
-    for sub in ("records", "errors", "logs"):
+    for sub in ("records", "errors", "logs", "done"):
         (run_dir / sub).mkdir()
     return run_dir
 
@@ -172,6 +181,7 @@ def worker_env(
         DDP_KIT_COLLECTIVE_TIMEOUT=str(collective_timeout),
         DDP_KIT_RECORD_DIR=str(run_dir / "records"),
         DDP_KIT_ERROR_DIR=str(run_dir / "errors"),
+        DDP_KIT_DONE_DIR=str(run_dir / "done"),
     )
     env.update(extra or {})
     return env
@@ -267,13 +277,17 @@ class AgentsOutcome:
     interrupted: bool
 
 
-def _wait(agents: Agents, shown: RankOutput, timeout: float) -> AgentsOutcome:
-    """Show output until the agents end; stop everything on timeout or interrupt."""
+def _wait(
+    agents: Agents, shown: RankOutput, timeout: float, progress: LaunchProgress
+) -> AgentsOutcome:
+    """Show output and progress until the agents end; stop everything on timeout or
+    interrupt."""
     timed_out = interrupted = False
     deadline = time.monotonic() + timeout
     try:
         while agents.running():
             shown.poll()
+            progress.update()
             if time.monotonic() > deadline:
                 timed_out = True
                 break

@@ -8,6 +8,7 @@ from the flag definitions.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import shlex
 from collections.abc import Callable
@@ -29,57 +30,61 @@ def default_of(function: Callable, name: str) -> object:
     return inspect.signature(function).parameters[name].default
 
 
+def _run_flags(function: Callable) -> dict[tuple[str, ...], dict]:
+    """The flags %%torchrun and `%ranks start` share, with `function`'s defaults."""
+    default = functools.partial(default_of, function)
+    seconds = "seconds a collective waits for the other ranks (default: %(default)s)"
+    modes = (
+        "ordered: rank 0 live, the rest in rank order at the end; live: as it comes; "
+        "quiet: nothing (default: %(default)s)"
+    )
+    return {
+        ("-n", "--nproc"): {"type": int, "default": default("nproc"),
+                            "help": "ranks per node (default: %(default)s)"},
+        ("--nnodes",): {"type": int, "default": default("nnodes"),
+                        "help": "torchrun agents, as if each were machines (default: %(default)s)"},
+        ("--backend",): {"default": default("backend"),
+                         "help": "auto, gloo or nccl (default: %(default)s: nccl only with a GPU "
+                         "per rank)"},
+        ("--collective-timeout",): {"type": float, "default": default("collective_timeout"),
+                                    "help": seconds},
+        ("--output",): {"choices": OUTPUT_MODES, "default": default("output"), "help": modes},
+    }  # fmt: skip
+
+
+def _run_parser(
+    prog: str, description: str, function: Callable, extra: dict[tuple[str, ...], dict]
+) -> MagicParser:
+    """A parser with the shared run flags (defaults from `function`) and `extra` ones."""
+    parser = MagicParser(prog=prog, add_help=False, description=description)
+    for names, options in {**_run_flags(function), **extra}.items():
+        parser.add_argument(*names, **options)
+    return parser
+
+
 def torchrun_parser() -> MagicParser:
     """The flags of %%torchrun, with launch()'s defaults."""
-    parser = MagicParser(
-        prog="%%torchrun",
-        add_help=False,
-        description="Run the cell as a script on N ranks with torchrun (a one-shot job: "
-        "processes start, run the cell, and end).",
+    extra = {
+        ("--timeout",): {
+            "type": float,
+            "default": default_of(launch, "timeout"),
+            "help": "seconds the whole run may take (default: %(default)s)",
+        },
+        ("--result",): {
+            "default": "last_run",
+            "help": "variable that receives the RunResult (default: %(default)s)",
+        },
+    }
+    description = (
+        "Run the cell as a script on N ranks with torchrun (a one-shot job: processes start, "
+        "run the cell, and end)."
     )
-    parser.add_argument(
-        "-n",
-        "--nproc",
-        type=int,
-        default=default_of(launch, "nproc"),
-        help="ranks per node (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--nnodes",
-        type=int,
-        default=default_of(launch, "nnodes"),
-        help="torchrun agents, as if each were a machine (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--backend",
-        default=default_of(launch, "backend"),
-        help="auto, gloo or nccl (default: %(default)s: nccl only with a GPU per rank)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=default_of(launch, "timeout"),
-        help="seconds the whole run may take (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=default_of(launch, "collective_timeout"),
-        help="seconds a collective waits for the other ranks (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--output",
-        choices=OUTPUT_MODES,
-        default=default_of(launch, "output"),
-        help="ordered: rank 0 live, the rest in rank order at the end; live: "
-        "as it comes; quiet: nothing (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--result",
-        default="last_run",
-        help="variable that receives the RunResult (default: %(default)s)",
-    )
-    return parser  # fmt: skip
+    return _run_parser("%%torchrun", description, launch, extra)
+
+
+def _options(args: argparse.Namespace, *not_passed: str) -> dict:
+    """The parsed flags as keyword arguments (each flag is named after its parameter)."""
+    return {k: v for k, v in vars(args).items() if k not in not_passed}
 
 
 def torchrun_magic(line: str, cell: str, namespace: dict) -> None:
@@ -88,15 +93,7 @@ def torchrun_magic(line: str, cell: str, namespace: dict) -> None:
     if not args.result.isidentifier():
         raise LaunchConfigError(f"%%torchrun: --result {args.result!r} is not a variable name.")
     try:
-        result = launch(
-            cell,
-            args.nproc,
-            nnodes=args.nnodes,
-            backend=args.backend,
-            timeout=args.timeout,
-            collective_timeout=args.collective_timeout,
-            output=args.output,
-        )
+        result = launch(cell, **_options(args, "result"))
     except Exception as error:
         if hasattr(error, "result"):
             namespace[args.result] = error.result
@@ -108,53 +105,20 @@ def session_parser() -> MagicParser:
     """The flags of `%ranks start`, with Session()'s defaults."""
     from .session import Session
 
-    parser = MagicParser(
-        prog="%ranks start",
-        add_help=False,
-        description="Start live ranks: torchrun processes that stay up between cells.",
-    )
-    parser.add_argument(
-        "-n",
-        "--nproc",
-        type=int,
-        default=default_of(Session, "nproc"),
-        help="ranks per node (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--nnodes",
-        type=int,
-        default=default_of(Session, "nnodes"),
-        help="torchrun agents, as if each were a machine (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--backend",
-        default=default_of(Session, "backend"),
-        help="auto, gloo or nccl (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=default_of(Session, "collective_timeout"),
-        help="seconds a collective waits for the other ranks (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--cell-timeout",
-        type=float,
-        default=default_of(Session, "cell_timeout"),
-        help="seconds a cell may run before its ranks are interrupted (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--output",
-        choices=OUTPUT_MODES,
-        default=default_of(Session, "output"),
-        help="ordered, live or quiet, as for %%%%torchrun (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--name",
-        default="session",
-        help="variable that receives the Session (default: %(default)s)",
-    )
-    return parser  # fmt: skip
+    extra = {
+        ("--cell-timeout",): {
+            "type": float,
+            "default": default_of(Session, "cell_timeout"),
+            "help": "seconds a cell may run before its ranks are interrupted "
+            "(default: %(default)s)",
+        },
+        ("--name",): {
+            "default": "session",
+            "help": "variable that receives the Session (default: %(default)s)",
+        },
+    }
+    description = "Start live ranks: torchrun processes that stay up between cells."
+    return _run_parser("%ranks start", description, Session, extra)
 
 
 def cell_parser() -> MagicParser:
@@ -223,14 +187,7 @@ class RanksMagic:
             )
         if not args.name.isidentifier():
             raise LaunchConfigError(f"%ranks start: --name {args.name!r} is not a variable name.")
-        self.session = Session(
-            args.nproc,
-            nnodes=args.nnodes,
-            backend=args.backend,
-            collective_timeout=args.collective_timeout,
-            cell_timeout=args.cell_timeout,
-            output=args.output,
-        )
+        self.session = Session(**_options(args, "name"))
         self.namespace[args.name] = self.session
         print(
             f"[ddp_kit] {self.session.world_size} live ranks ready ({self.session.choice.backend}"

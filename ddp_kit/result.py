@@ -29,6 +29,8 @@ class RunResult:
     agent_log: str = ""
     commands: list[list[str]] = field(default_factory=list)
     run_dir: Path | None = None
+    completed: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -36,9 +38,16 @@ class RunResult:
         return self.nproc * self.nnodes
 
     @property
+    def all_completed(self) -> bool:
+        """Whether every rank's script returned and its records were saved."""
+        return len(self.completed) == self.world_size
+
+    @property
     def ok(self) -> bool:
-        """True when every rank finished without error within the time limit."""
-        return self.returncode == 0 and not self.failures and not self.timed_out
+        """True when every rank finished without error within the time limit (a rank that
+        crashed only while its process ended, after its script completed, is a note)."""
+        ended_well = self.returncode == 0 or self.all_completed
+        return ended_well and not self.failures and not self.timed_out
 
     @property
     def root_cause(self) -> RankFailure | None:

@@ -7,10 +7,12 @@ exit), then runs SCRIPT as __main__, so tracebacks point at the script's own lin
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import runpy
 import sys
 from datetime import timedelta
+from pathlib import Path
 from types import TracebackType
 
 from . import failures, worker
@@ -20,11 +22,43 @@ _script: str | None = None
 
 
 def main() -> None:
-    """Bootstrap this rank, then run the script with its own argv."""
+    """Bootstrap this rank, run the script with its own argv, then end the rank cleanly."""
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
+    sys.path[0] = str(Path(script).resolve().parent)  # as `python script.py`: its own folder
     bootstrap(script)
-    runpy.run_path(script, run_name="__main__")
+    namespace = runpy.run_path(script, run_name="__main__")
+    finish(namespace)
+
+
+def finish(namespace: dict) -> None:
+    """The script returned: save its records, mark the rank completed, free what the script
+    built while the interpreter is fully alive, then exit without the interpreter's teardown.
+
+    destroy_process_group() does not free a process group that DDP still holds; freed during
+    the interpreter's teardown instead, gloo's threads can abort a rank whose work is done
+    ("terminate called without an active exception"). Exit handlers still run, and files the
+    script left open are closed when its namespace is freed.
+    """
+    worker.flush()
+    _mark("rank")
+    worker.forget_flush_callbacks()
+    namespace.clear()
+    gc.collect()
+    _destroy_process_group()
+    gc.collect()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _mark(prefix: str) -> None:
+    """Leave a marker for the launcher: started-rank<R> (about to run the script) or
+    rank<R> (the script returned and its records are saved)."""
+    done_dir = os.environ.get("DDP_KIT_DONE_DIR")
+    if done_dir:
+        (Path(done_dir) / f"{prefix}{worker.rank()}").touch()
 
 
 def bootstrap(script: str | None = None) -> None:
@@ -38,6 +72,7 @@ def bootstrap(script: str | None = None) -> None:
     shorten_default_collective_timeout()
     sys.excepthook = _report_exception
     atexit.register(_destroy_process_group)
+    _mark("started-rank")
 
 
 def collective_timeout() -> timedelta:

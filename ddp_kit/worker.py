@@ -85,6 +85,11 @@ def flush() -> None:
         _writer.save()
 
 
+def forget_flush_callbacks() -> None:
+    """Drop the before_flush callbacks (and the objects they hold) once records are saved."""
+    _before_flush.clear()
+
+
 def before_flush(callback: Callable[[], None]) -> None:
     """Run `callback` (which may record more) every time the records are written, at exit too."""
     _record_writer()

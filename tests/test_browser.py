@@ -58,6 +58,7 @@ def lab(tmp_path_factory):
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     token, port = secrets.token_hex(16), free_port()
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(work / ".settings"))
+    env.pop("PYTEST_CURRENT_TEST", None)  # a kernel as a student has it: launch progress shown
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
          "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
@@ -161,6 +162,8 @@ def test_introduction_runs_in_jupyterlab(lab, browser):
     for rank in range(4):
         assert f"[rank {rank}] hello from rank {rank} of 4" in stdout
     assert "[rank 3] after all_reduce every rank holds 6" in stdout
+    shown = [o["data"].get("text/plain", "") for o in outputs_of(cells, "display_data")]
+    assert any(text.startswith("[ddp_kit] 4 ranks ran for") for text in shown), shown
     screenshot(page, "00_introduction", 5)  # the %%torchrun hello-world cell
     page.close()
 

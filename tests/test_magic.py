@@ -45,3 +45,28 @@ def test_failure_raises_and_keeps_the_result(shell):
 def test_bad_flags_get_a_clear_error(shell, line, match):
     with pytest.raises(LaunchConfigError, match=match):
         shell.run_cell_magic("torchrun", line, "print('never runs')\n")
+
+
+def test_help_is_generated_from_the_flags(shell):
+    doc = shell.find_cell_magic("torchrun").__doc__
+    for flag in (
+        "--nproc",
+        "--nnodes",
+        "--backend",
+        "--timeout",
+        "--collective-timeout",
+        "--output",
+        "--result",
+    ):
+        assert flag in doc, flag
+    assert "(default: 300.0)" in doc and "(default: 60.0)" in doc  # launch()'s own defaults
+
+
+def test_a_failure_renders_as_the_rank_traceback_without_kit_frames(shell):
+    with pytest.raises(WorkerError) as caught:
+        shell.run_cell_magic("torchrun", "-n 1 --output quiet", "x = 1\nraise KeyError('gone')\n")
+    rendered = "\n".join(caught.value._render_traceback_())
+    assert rendered.startswith("WorkerError: rank 0 failed; its traceback")
+    assert 'worker.py", line 2, in <module>' in rendered
+    assert "launcher.py" not in rendered and "runner.py" not in rendered
+    assert rendered.count("KeyError: 'gone'") == 1

@@ -120,3 +120,31 @@ def test_workers_talk_over_loopback_only_and_run_dirs_are_private():
         assert all("--rdzv-endpoint=127.0.0.1:0" in cmd for cmd in run.commands)
     finally:
         shutil.rmtree(run.run_dir)
+
+
+def test_a_crash_after_the_script_completed_is_a_note_on_a_successful_result(capfd):
+    code = textwrap.dedent("""
+        import atexit, os
+        from ddp_kit.worker import rank, record
+        record("value", rank() + 1)
+        if rank() == 1:
+            atexit.register(os.abort)   # dies with SIGABRT as its process ends, work done
+    """)
+    result = ddp_kit.launch(code, nproc=2, output="quiet")
+    assert result.ok and result.returncode != 0 and result.completed == [0, 1]
+    assert result.records["value"].tolist() == [[1, 2]]
+    assert "a rank crashed while its process was ending" in result.notes[0]
+    assert "[ddp_kit] note: torchrun exited with code" in capfd.readouterr().err
+
+
+def test_a_crash_before_the_script_completed_is_an_error():
+    code = "import os\nfrom ddp_kit.worker import rank\nif rank() == 1:\n    os.abort()\n"
+    with pytest.raises(WorkerError, match="no rank raised a Python exception"):
+        ddp_kit.launch(code, nproc=2, output="quiet")
+
+
+def test_files_a_script_left_open_are_complete_after_the_run(tmp_path):
+    path = tmp_path / "log.txt"
+    code = f"log = open({str(path)!r}, 'w')\nlog.write('every line\\n' * 1000)\n"
+    ddp_kit.launch(code, nproc=1, output="quiet")
+    assert path.read_text() == "every line\n" * 1000

@@ -60,6 +60,8 @@ STEP = "optimizer.step()\nweights = torch.cat([p.detach().reshape(-1) for p in m
 def test_ddp_walked_cell_by_cell_equals_the_same_training_in_one_launch():
     with Session(4, output="quiet") as session:
         session.run(TRAIN_SETUP)
+        session.run("total = torch.tensor([dist.get_rank() + 1.0])\ndist.all_reduce(total)")
+        assert [t.item() for t in session.pull("total")] == [10.0] * 4  # 1 + 2 + 3 + 4
         for _ in range(STEPS):
             for cell in (FORWARD, BACKWARD, STEP):
                 session.run(cell)

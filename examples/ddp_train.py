@@ -1,0 +1,59 @@
+"""Train on N processes with DDP.   torchrun --nproc-per-node 4 examples/ddp_train.py --epochs 3"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from common import make_data, make_model
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=4)  # per process
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--checkpoint", default="checkpoint.pt")
+    args = parser.parse_args()
+
+    local_rank = int(os.environ["LOCAL_RANK"])  # torchrun: this process's index on its machine
+    if torch.cuda.is_available():  # one GPU per process: nccl
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:  # CPU processes: gloo
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank = dist.get_rank()  # this process's index among all processes, on all machines
+
+    data = make_data()
+    sampler = DistributedSampler(data, shuffle=True)  # each process gets its own part
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
+    model = make_model().to(device)
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every process
+        total = torch.zeros(2, device=device)  # sum of losses, number of samples
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()  # DDP averages the gradients over all processes here
+            optimizer.step()
+            total += torch.stack([loss.detach() * len(x), torch.tensor(len(x), device=device)])
+        dist.all_reduce(total)  # add up every process's sums: the loss over all samples
+        if rank == 0:
+            print(f"epoch {epoch}: loss {total[0] / total[1]:.4f} over {int(total[1])} samples")
+    if rank == 0:  # the copies are identical: one process saves, without DDP's "module."
+        torch.save(model.module.state_dict(), args.checkpoint)
+    dist.barrier()  # nobody goes on (or reads the file) before it is written
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
