@@ -8,7 +8,7 @@ Runs in the notebook kernel
     result     RunResult                                        diagnose  failures -> messages
     magic      %%torchrun and %ranks                            plots     figures of records
     widgets    StepExplorer                                     exercises check functions
-    reference  the single-process run DDP must match
+    reference  the single-process run DDP must match         progress  a launch's status line
 Runs inside each rank (imported by the student's code)
     worker     rank(), backend(), device(), record()            observe   DDP comm-hook recorder
     scratch    data parallelism by hand                         toy       the lessons' data, model
@@ -26,9 +26,11 @@ from .failures import RankFailure
 from .launcher import launch
 from .records import Records
 from .result import RunResult
+from .session import CellResult, Session
 
 __all__ = [
     "BackendChoice",
+    "CellResult",
     "DDPKitError",
     "LaunchConfigError",
     "LaunchTimeout",
@@ -36,6 +38,7 @@ __all__ = [
     "RecordError",
     "Records",
     "RunResult",
+    "Session",
     "WorkerError",
     "choose_backend",
     "launch",

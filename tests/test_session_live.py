@@ -8,8 +8,8 @@ import psutil
 import pytest
 from conftest import wait_until_gone
 
+from ddp_kit import Session
 from ddp_kit.errors import CellError
-from ddp_kit.session import Session
 
 SETUP = """
 import time
