@@ -4,15 +4,27 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from .backend import choose_backend
 from .toy import make_model
+
+
+def _number(answer: Any) -> float | None:
+    """A numeric answer as a float: Python, numpy or a one-element tensor; None for anything
+    else (a bool is not a number here: True is not the answer 1)."""
+    if isinstance(answer, torch.Tensor):
+        answer = answer.item() if answer.numel() == 1 else None
+    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, numbers.Real):
+        return None
+    return float(answer)
 
 
 def _verdict(
@@ -22,18 +34,30 @@ def _verdict(
     close: bool = False,
     accept: Callable[[Any], bool] | None = None,
 ) -> bool | None:
-    """Print and return whether `answer` is right: equal, close (numbers) or `accept`ed."""
+    """Print and return whether `answer` is right: `accept`ed, or the same number (close to it
+    with close=True, for floats), or equal."""
     if answer is None:
         print("Not answered yet: replace None with your answer and run the cell again.")
         return None
     if accept is not None:
-        ok = accept(answer)
-    elif close:
-        ok = isinstance(answer, (int, float)) and math.isclose(answer, correct, rel_tol=1e-6)
+        ok = bool(accept(answer))
+    elif isinstance(correct, (int, float)) and not isinstance(correct, bool):
+        number = _number(answer)
+        ok = number is not None and (
+            math.isclose(number, correct, rel_tol=1e-6) if close else number == correct
+        )
     else:
         ok = answer == correct
     print(("Correct! " if ok else f"Not quite: you said {answer!r}. ") + explain)
     return ok
+
+
+def _index_list(answer: Any) -> Any:
+    """A list of indices as a list of ints, whatever held them; otherwise the answer as it is."""
+    try:
+        return [int(i) for i in answer]
+    except (TypeError, ValueError):
+        return answer
 
 
 def check_rank_sum(world_size: int, answer: float | None) -> bool | None:
@@ -53,7 +77,7 @@ def check_shard(size: int, ranks: int, rank: int, answer: list[int] | None) -> b
     sampler = DistributedSampler(range(size), num_replicas=ranks, rank=rank, shuffle=False)
     correct = list(sampler)
     if answer is not None:
-        answer = list(answer)
+        answer = _index_list(answer)
     explain = (
         f"rank {rank} takes every {ranks}th index from {rank} on; the list is first padded "
         "by repeating its start up to a multiple of the ranks."
@@ -98,7 +122,8 @@ def check_ring_traffic(megabytes: float, ranks: int, answer: float | None) -> bo
 
 def check_copies_identical(answer: bool | None) -> bool | None:
     """Step 9: with the same averaged gradients and the same optimizer, do the copies match?"""
-    return _verdict(answer, True, "Same start, same gradient, same update: identical copies.")
+    explain = "Same start, same gradient, same update: identical copies."
+    return _verdict(answer, True, explain, accept=lambda a: isinstance(a, (bool, np.bool_)) and a)
 
 
 def check_linear_lr(base_lr: float, ranks: int, answer: float | None) -> bool | None:

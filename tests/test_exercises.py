@@ -1,6 +1,8 @@
 """The notebooks' check functions accept right answers, reject wrong ones, wait for None."""
 
+import numpy as np
 import pytest
+import torch
 
 from ddp_kit import exercises
 
@@ -29,3 +31,27 @@ def test_checks(check, args, right, wrong, capsys):
     assert capsys.readouterr().out.startswith("Correct!")
     assert check(*args, wrong) is False
     assert capsys.readouterr().out.startswith("Not quite")
+
+
+@pytest.mark.parametrize(
+    ("check", "args", "answer", "verdict"),
+    [
+        (exercises.check_average, ([0.5, -1.0, 2.0, 0.5],), np.float32(0.5), True),
+        (exercises.check_average, ([0.5, -1.0, 2.0, 0.5],), torch.tensor(0.5), True),
+        (exercises.check_average, ([0.5, -1.0, 2.0, 0.5],), "0.5", False),
+        (exercises.check_parameter_count, (), np.int64(19), True),
+        (exercises.check_parameter_count, (), torch.tensor([19]), True),
+        (exercises.check_broadcast_source, (), False, False),
+        (exercises.check_rank_sum, (2,), True, False),
+        (exercises.check_shard, (10, 4, 2), 2, False),
+        (exercises.check_shard, (10, 4, 2), np.array([2, 6, 0]), True),
+        (exercises.check_shard, (10, 4, 2), torch.tensor([2, 6, 0]), True),
+        (exercises.check_copies_identical, (), 1, False),
+        (exercises.check_copies_identical, (), np.bool_(True), True),
+    ],
+)
+def test_answers_of_other_types(check, args, answer, verdict, capsys):
+    """numpy and tensor answers count when right; ints are not bools and bools not numbers;
+    an answer of the wrong kind is a wrong answer, never a crash."""
+    assert check(*args, answer) is verdict
+    assert capsys.readouterr().out.startswith("Correct!" if verdict else "Not quite")
