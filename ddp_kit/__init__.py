@@ -18,6 +18,7 @@ Process entry points
 Shared by both worlds
     errors     the exceptions                                   records   the records format
     failures   the rank failure report format                  processes no orphan processes
+    markers    a rank's started/completed markers
 """
 
 from .backend import BackendChoice, choose_backend

@@ -31,6 +31,7 @@ from pathlib import Path
 from . import diagnose, failures
 from .backend import choose_backend
 from .errors import LaunchConfigError, LaunchTimeout, WorkerError
+from .markers import COMPLETED, ranks_marked
 from .output import OUTPUT_MODES, RankOutput
 from .processes import stop_tree
 from .progress import LaunchProgress
@@ -75,7 +76,9 @@ def launch(
         commands = torchrun_commands(path, nproc, nnodes, run_dir / "logs", args)
         shown = RankOutput(log_roots(run_dir, nnodes), nproc, output)
         world = nproc * nnodes
-        progress = LaunchProgress(run_dir, world, output != "quiet" and progress_wanted())
+        progress = LaunchProgress(
+            shown, run_dir / "done", world, output != "quiet" and progress_wanted()
+        )
         start = time.perf_counter()
         environment = worker_env(run_dir, choice.backend, collective_timeout, env)
         agents = Agents.start(commands, environment, nproc)
@@ -100,7 +103,7 @@ def launch(
             agent_log=outcome.agent_log,
             commands=commands,
             run_dir=run_dir if keep_run_dir else None,
-            completed=sorted(int(p.name[4:]) for p in (run_dir / "done").glob("rank*")),
+            completed=ranks_marked(run_dir / "done", COMPLETED),
         )
         note = diagnose.teardown_note(result)
         if note:

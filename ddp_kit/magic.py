@@ -42,7 +42,8 @@ def _run_flags(function: Callable) -> dict[tuple[str, ...], dict]:
         ("-n", "--nproc"): {"type": int, "default": default("nproc"),
                             "help": "ranks per node (default: %(default)s)"},
         ("--nnodes",): {"type": int, "default": default("nnodes"),
-                        "help": "torchrun agents, as if each were machines (default: %(default)s)"},
+                        "help": "torchrun agents, as if each were a machine "
+                                "(default: %(default)s)"},
         ("--backend",): {"default": default("backend"),
                          "help": "auto, gloo or nccl (default: %(default)s: nccl only with a GPU "
                          "per rank)"},

@@ -126,6 +126,11 @@ class RankOutput(RankPrinter):
             for stream in STREAMS
         }
 
+    def ranks_started(self) -> int:
+        """How many ranks torchrun has started: their stdout logs were found by a poll."""
+        return sum(log.path is not None for (_, stream), log in self.files.items()
+                   if stream == "stdout")  # fmt: skip
+
     def poll(self) -> None:
         """Read what the ranks wrote since the last poll and show what the mode allows now."""
         for (rank, stream), log in self.files.items():

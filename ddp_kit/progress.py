@@ -11,6 +11,9 @@ import os
 import time
 from pathlib import Path
 
+from .markers import STARTED, ranks_marked
+from .output import RankOutput
+
 UPDATE_SECONDS = 0.5
 
 
@@ -30,8 +33,9 @@ class LaunchProgress:
     """Counts ranks started (torchrun created their logs: rendezvous is done) and ranks
     running the script (the runner marked them), and shows it with the elapsed time."""
 
-    def __init__(self, run_dir: Path, world_size: int, enabled: bool) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(self, shown: RankOutput, done_dir: Path, world_size: int, enabled: bool) -> None:
+        self.shown = shown
+        self.done_dir = Path(done_dir)
         self.world_size = world_size
         self.start = time.monotonic()
         self.last = 0.0
@@ -56,8 +60,8 @@ class LaunchProgress:
 
     def _text(self) -> _Line:
         elapsed = time.monotonic() - self.start
-        started = len(list(self.run_dir.glob("logs/*/*/attempt_*/*/stdout.log")))
-        running = len(list(self.run_dir.glob("done/started-rank*")))
+        started = self.shown.ranks_started()
+        running = len(ranks_marked(self.done_dir, STARTED))
         if not started:
             state = "torchrun is starting (rendezvous on 127.0.0.1)"
         else:

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
-from . import failures, worker
+from . import failures, markers, worker
 from .processes import die_with_parent
 
 _script: str | None = None
@@ -41,7 +41,7 @@ def finish(namespace: dict) -> None:
     script left open are closed when its namespace is freed.
     """
     worker.flush()
-    _mark("rank")
+    markers.mark(markers.COMPLETED, worker.rank())
     worker.forget_flush_callbacks()
     namespace.clear()
     gc.collect()
@@ -51,14 +51,6 @@ def finish(namespace: dict) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _mark(prefix: str) -> None:
-    """Leave a marker for the launcher: started-rank<R> (about to run the script) or
-    rank<R> (the script returned and its records are saved)."""
-    done_dir = os.environ.get("DDP_KIT_DONE_DIR")
-    if done_dir:
-        (Path(done_dir) / f"{prefix}{worker.rank()}").touch()
 
 
 def bootstrap(script: str | None = None) -> None:
@@ -72,7 +64,7 @@ def bootstrap(script: str | None = None) -> None:
     shorten_default_collective_timeout()
     sys.excepthook = _report_exception
     atexit.register(_destroy_process_group)
-    _mark("started-rank")
+    markers.mark(markers.STARTED, worker.rank())
 
 
 def collective_timeout() -> timedelta:

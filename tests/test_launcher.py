@@ -137,3 +137,15 @@ def test_worker_backend_helpers_follow_the_launcher(monkeypatch):
     assert (worker.backend(), str(worker.device()), worker.device_ids()) == ("gloo", "cpu", None)
     monkeypatch.setenv("DDP_KIT_BACKEND", "nccl")
     assert worker.backend() == "cpu:gloo,cuda:nccl"
+
+
+def test_markers_are_read_back_by_stage(tmp_path, monkeypatch):
+    """A started marker is not a completed one (their names share a suffix), and ranks sort."""
+    from ddp_kit import markers
+
+    monkeypatch.setenv("DDP_KIT_DONE_DIR", str(tmp_path))
+    for rank in (10, 2, 0):
+        markers.mark(markers.STARTED, rank)
+    markers.mark(markers.COMPLETED, 2)
+    assert markers.ranks_marked(tmp_path, markers.STARTED) == [0, 2, 10]
+    assert markers.ranks_marked(tmp_path, markers.COMPLETED) == [2]
