@@ -204,6 +204,44 @@ def live_ranks(ranks: list[int], cells: int, launches: int) -> dict:
     return out
 
 
+SPEEDUP = """
+import torch.distributed as dist
+from ddp_kit.speedup import epoch_seconds, first_ranks_groups
+from ddp_kit.toy import make_dataset, make_model, make_wide_dataset, make_wide_model
+from ddp_kit.worker import backend
+dist.init_process_group(backend())
+models = {
+    "wide MLP, 256 per rank": (lambda: make_wide_model(hidden=1024), make_wide_dataset(2048), 256),
+    "TinyNet, 2 per rank": (make_model, make_dataset(512), 2),
+}
+timings = {}
+for n, group in first_ranks_groups(SIZES).items():
+    for name, (make, data, batch) in models.items():
+        best = min(epoch_seconds(make, data, batch, group) or 0 for _ in range(3))
+        local = min(epoch_seconds(make, data, batch, group, sync=False) or 0 for _ in range(3))
+        timings[f"{name} | {n}"] = (best, local)
+"""
+
+
+def speedup(ranks: list[int]) -> dict:
+    """Notebook 17's measurement (best of 3 epochs): seconds per epoch on the first n ranks,
+    with and without the all-reduce, and the speedup over one rank."""
+    from ddp_kit.session import Session
+
+    with Session(max(ranks), output="quiet") as session:
+        session.run(f"SIZES = {ranks!r}\n" + SPEEDUP)
+        timings = session.pull("timings", ranks=[0])[0]
+    out: dict = {}
+    for key, (synced, local) in timings.items():
+        name, n = key.split(" | ")
+        out.setdefault(name, {})[int(n)] = {"epoch_s": synced, "no_sync_epoch_s": local}
+    for per_model in out.values():
+        for r in per_model.values():
+            r["speedup"] = per_model[1]["epoch_s"] / r["epoch_s"]
+            r["allreduce_share"] = max(r["epoch_s"] - r["no_sync_epoch_s"], 0) / r["epoch_s"]
+    return out
+
+
 def notebook_suite() -> float:
     """Wall time of the nbval notebook suite (as the tests run it)."""
     command = [sys.executable, "-m", "pytest", "-q", "--nbval", "--nbval-current-env",
@@ -259,6 +297,12 @@ def report(res: dict) -> str:
     base = res["scaling"][min(res["scaling"])]
     for nproc, sps in res["scaling"].items():
         lines.append(f"{nproc} ranks: {sps:8.1f} steps/s  (x{sps / base:.2f} of 1 rank)")
+    lines.append("== when DDP pays off: seconds per epoch on the first n ranks (notebook 17) ==")
+    for name, per_ranks in res["speedup"].items():
+        for nproc, r in per_ranks.items():
+            lines.append(f"{name:24s} {nproc} ranks: {r['epoch_s']:.3f} s, "
+                         f"x{r['speedup']:.2f} of 1 rank, "
+                         f"all-reduce share {r['allreduce_share']:.0%}")  # fmt: skip
     if res.get("notebooks_s") is not None:
         lines.append(f"== notebook suite (nbval): {res['notebooks_s']:.0f} s ==")
     return "\n".join(lines)
@@ -284,6 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
         "allreduce": allreduce(ranks, sizes),
         "live": live_ranks(ranks, 5 if args.smoke else 30, 1 if args.smoke else 3),
         "scaling": scaling([1, 2] if args.smoke else [1, 2, 4], 64, 20 if args.smoke else 300),
+        "speedup": speedup([1, 2] if args.smoke else [1, 2, 4]),
         "notebooks_s": None if args.smoke else notebook_suite(),
     }
     res["bare_failures"] = list(BARE_FAILURES)

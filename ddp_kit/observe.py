@@ -1,20 +1,23 @@
 """Instrumentation used inside workers: record what a REAL DDP run does on each rank.
 
 Nothing here re-implements DDP. The gradient recorder is a DDP communication hook: DDP calls it
-with each bucket of local gradients, it records them, runs the same all-reduce as PyTorch's
-default hook (divide by world size, then sum), and records the reduced result.
+with each bucket of local gradients, it records them, calls a real PyTorch hook (by default
+`allreduce_hook`, which divides by the world size and all-reduces the sum, as DDP does without
+a hook) and records the reduced result.
 (No `from __future__ import annotations` here: DDP checks the hook's `bucket` annotation at
 run time and needs the real dist.GradBucket class.)
 """
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from .traffic import uncounted
 from .worker import before_flush, record
 
 
@@ -55,32 +58,58 @@ def record_sampler(sampler: Any, epochs: int = 1, name: str = "shard") -> list[l
 class GradientRecorder:
     """A DDP communication hook that records each bucket before and after its all-reduce.
 
-    Per step it records ``grad_local`` and ``grad_synced`` (flat, in model.parameters() order)
-    and ``buckets`` (index, size, parameter names, launch and finish times).
+    It wraps a real hook, PyTorch's `default_hooks.allreduce_hook` unless `hook` names another
+    (fp16_compress_hook, powerSGD_hook with its `state`, ...): DDP calls the recorder, the
+    recorder copies the bucket's local gradients, calls `hook(state, bucket)` and copies what it
+    returns. Per step it records ``grad_local`` and ``grad_synced`` (flat, in
+    model.parameters() order) and ``buckets`` (per bucket: index, size, dtype, parameter names,
+    launch and finish times; and ``ready``: when backward produced each gradient). With
+    ``exact=True`` it also records ``grad_exact``: the plain average of the local gradients (an
+    all-reduce of a copy, which no counter sees), to measure a compressing hook's error against.
+    `prefix` goes before every record name (to record several models). DDP takes one hook per
+    model: to record, pass yours here.
     """
 
-    def __init__(self, ddp_model: nn.parallel.DistributedDataParallel) -> None:
+    def __init__(
+        self,
+        ddp_model: nn.parallel.DistributedDataParallel,
+        hook: Callable[..., torch.futures.Future] = default_hooks.allreduce_hook,
+        state: Any = None,
+        exact: bool = False,
+        prefix: str = "",
+    ) -> None:
+        self.prefix = prefix
         self.process_group = ddp_model.process_group
+        self.hook, self.hook_state, self.exact = hook, state, exact
         self.names = {id(p): n for n, p in ddp_model.module.named_parameters()}
         self.order = [n for n, _ in ddp_model.module.named_parameters()]
         self.step = 0
         self.local: dict[str, torch.Tensor] = {}
         self.synced: dict[str, torch.Tensor] = {}
+        self.averaged: dict[str, torch.Tensor] = {}
         self.buckets: list[dict[str, Any]] = []
-        ddp_model.register_comm_hook(self, recording_allreduce_hook)
+        self.ready: dict[str, float] = {}
+        for name, param in ddp_model.module.named_parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._ready_hook(name))
+        ddp_model.register_comm_hook(self, recording_hook)
         before_flush(self.finish_step)
 
     def launched(self, bucket: dist.GradBucket) -> dict[str, Any]:
         """Note a bucket about to be all-reduced; keep copies of its local gradients."""
-        if bucket.index() == 0 and self.buckets and all("finished" in b for b in self.buckets):
+        if bucket.index() == 0 and self._step_done():
             self.finish_step()
         names = [self.names[id(p)] for p in bucket.parameters()]
         for name, grad in zip(names, bucket.gradients(), strict=True):
             self.local[name] = grad.detach().clone().cpu()
+        if self.exact:
+            self._split_into(self.averaged, names, self._exact_average(bucket.buffer()))
         event = {
             "index": bucket.index(),
             "numel": bucket.buffer().numel(),
+            "dtype": str(bucket.buffer().dtype).removeprefix("torch."),
             "params": names,
+            "last": bucket.is_last(),
             "launched": time.time(),
         }
         self.buckets.append(event)
@@ -89,36 +118,61 @@ class GradientRecorder:
     def finished(self, event: dict[str, Any], reduced: torch.Tensor) -> None:
         """Note a finished all-reduce; keep copies of the averaged gradients."""
         event["finished"] = time.time()
-        offset = 0
-        for name in event["params"]:
-            numel = self.local[name].numel()
-            chunk = reduced[offset : offset + numel].detach().clone().cpu()
-            self.synced[name] = chunk.reshape(self.local[name].shape)
-            offset += numel
+        self._split_into(self.synced, event["params"], reduced)
 
     def finish_step(self) -> None:
         """Record the step's gradients and buckets, then start the next step."""
         if not self.buckets:
             return
-        record("grad_local", _flatten(self.local, self.order), self.step)
-        record("grad_synced", _flatten(self.synced, self.order), self.step)
-        record("buckets", {"buckets": self.buckets}, self.step)
+        named = {"grad_local": self.local, "grad_synced": self.synced}
+        if self.exact:
+            named["grad_exact"] = self.averaged
+        for name, grads in named.items():
+            record(self.prefix + name, _flatten(grads, self.order), self.step)
+        record(self.prefix + "buckets", {"buckets": self.buckets, "ready": self.ready}, self.step)
         self.step += 1
-        self.local, self.synced, self.buckets = {}, {}, []
+        self.local, self.synced, self.averaged, self.buckets, self.ready = {}, {}, {}, [], {}
+
+    def _ready_hook(self, name: str) -> Callable[[torch.Tensor], None]:
+        def note_ready(_param: torch.Tensor) -> None:
+            if self._step_done():  # the first gradient of a new backward
+                self.finish_step()
+            self.ready[name] = time.time()
+
+        return note_ready
+
+    def _step_done(self) -> bool:
+        """Whether this step's last bucket was launched and every bucket has come back."""
+        launched_all = any(b["last"] for b in self.buckets)
+        return launched_all and all("finished" in b for b in self.buckets)
+
+    def _exact_average(self, buffer: torch.Tensor) -> torch.Tensor:
+        group = self.process_group or dist.group.WORLD
+        total = buffer.detach().clone()
+        uncounted("all_reduce")(total, group=group)
+        return total / dist.get_world_size(group)
+
+    def _split_into(
+        self, target: dict[str, torch.Tensor], names: list[str], flat: torch.Tensor
+    ) -> None:
+        offset = 0
+        for name in names:
+            numel = self.local[name].numel()
+            chunk = flat[offset : offset + numel].detach().clone().cpu()
+            target[name] = chunk.reshape(self.local[name].shape)
+            offset += numel
 
 
-def recording_allreduce_hook(
+def recording_hook(
     state: GradientRecorder, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """PyTorch's default all-reduce hook, with recording around it."""
+    """The recorder's hook: copy the bucket, run the real hook, copy what it returns."""
     event = state.launched(bucket)
-    group = state.process_group or dist.group.WORLD
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size(group))
-    future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+    future = state.hook(state.hook_state, bucket)
 
     def record_result(fut: torch.futures.Future) -> torch.Tensor:
-        reduced = fut.value()[0]
+        value = fut.value()
+        reduced = value[0] if isinstance(value, list) else value
         state.finished(event, reduced)
         return reduced
 

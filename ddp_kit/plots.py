@@ -41,7 +41,7 @@ def as_records(run: RunResult | Records) -> Records:
 def shard_map(
     run: RunResult | Records, name: str = "shard", dataset_size: int | None = None
 ) -> Figure:
-    """Which rank gets which sample, one row per epoch; samples given twice are outlined red."""
+    """Which rank gets which sample, one row per epoch; samples given twice: dashed outline."""
     shards = as_records(run)[name]  # [epoch, rank, i]
     epochs, world, _ = shards.shape
     size = dataset_size or int(shards.max()) + 1
@@ -52,10 +52,9 @@ def shard_map(
         for rank in range(world):
             for sample in shards[epoch, rank]:
                 if owner[epoch, sample] >= 0:
-                    ax.add_patch(
-                        Rectangle((sample - 0.5, epoch - 0.5), 1, 1, fill=False, ec="red", lw=2.5)
-                    )
-                    ax.text(sample, epoch + 0.32, f"+r{rank}", ha="center", fontsize=7, color="red")
+                    ax.add_patch(Rectangle((sample - 0.5, epoch - 0.5), 1, 1, fill=False,
+                                           ec="black", ls="--", lw=2.5))  # fmt: skip
+                    ax.text(sample, epoch + 0.32, f"+r{rank}", ha="center", fontsize=7)
                 else:
                     owner[epoch, sample] = rank
     colors = ListedColormap(["white", *[rank_color(r) for r in range(world)]])
@@ -66,7 +65,7 @@ def shard_map(
                 ax.text(sample, epoch, str(sample), ha="center", va="center", fontsize=7)
     ax.set_yticks(range(epochs), [f"epoch {e}" for e in range(epochs)])
     ax.set_xticks([])
-    ax.set_xlabel("dataset index (colour = the rank that gets it; red box = padded duplicate)")
+    ax.set_xlabel("dataset index (colour = the rank that gets it; dashed box = padded duplicate)")
     handles = [Rectangle((0, 0), 1, 1, color=rank_color(r)) for r in range(world)]
     ax.legend(handles, [f"rank {r}" for r in range(world)], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), frameon=False)  # fmt: skip
@@ -137,6 +136,9 @@ def max_rank_difference(weights: np.ndarray) -> np.ndarray:
     return np.abs(weights - weights[:, :1]).reshape(len(weights), -1).max(axis=1)
 
 
+WEIGHT_LABELS = {"weights": "DDP (all-reduced)", "unsynced_weights": "under no_sync (never)"}
+
+
 def weight_sync(
     run: RunResult | Records, names: Sequence[str] = ("weights", "unsynced_weights")
 ) -> Figure:
@@ -147,7 +149,8 @@ def weight_sync(
     for name, style in zip(names, ("o-", "s--"), strict=False):
         if name in records:
             diff = max_rank_difference(records[name])
-            ax.plot(records.steps(name), diff, style, label=f"{name}: max {diff.max():.2g}")
+            label = f"{WEIGHT_LABELS.get(name, name)}: max {diff.max():.2g}"
+            ax.plot(records.steps(name), diff, style, label=label)
     ax.set_yscale("symlog", linthresh=1e-8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
@@ -159,7 +162,10 @@ def weight_sync(
 
 
 def loss_curves(
-    run: RunResult | Records, name: str = "loss", reference: Sequence[float] | None = None
+    run: RunResult | Records,
+    name: str = "loss",
+    reference: Sequence[float] | None = None,
+    title: str = "Loss per step: each rank's shard, and the global batch",
 ) -> Figure:
     """Each rank's loss per step, the global loss (their mean) and an optional reference."""
     records = as_records(run)
@@ -172,38 +178,48 @@ def loss_curves(
                 label=f"rank {rank} (its shard)")  # fmt: skip
     ax.plot(steps, losses.mean(axis=1), "k-", lw=2.5, label="global loss (mean of ranks)")
     if reference is not None:
-        ax.plot(steps[: len(reference)], reference, "--", color="crimson", lw=1.5,
+        ax.plot(steps[: len(reference)], reference, "D", color="black", mfc="white", ms=7,
                 label="single process, global batch")  # fmt: skip
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel(name)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
-def bucket_timeline(run: RunResult | Records, step: int = -1) -> Figure:
-    """When each gradient bucket's all-reduce started and finished, per rank, during backward."""
+BUCKET_COLORS = ["#bebada", "#8dd3c7", "#fdb462", "#80b1d3", "#fccde5", "#b3de69"]
+
+
+def bucket_timeline(run: RunResult | Records, step: int = -1, prefix: str = "") -> Figure:
+    """One time axis per rank for one backward: a tick when each gradient was ready (the
+    backward computation) and a bar per bucket from its all-reduce's launch to its finish."""
     records = as_records(run)
-    step = records.steps("buckets")[step]
-    per_rank = [records.get("buckets", step, r)["buckets"] for r in range(records.world_size)]
-    start = min(b["launched"] for buckets in per_rank for b in buckets)
-    fig = Figure(figsize=(6.5, 0.6 + 0.55 * len(per_rank)))
+    name = prefix + "buckets"
+    step = records.steps(name)[step]
+    per_rank = [records.get(name, step, r) for r in range(records.world_size)]
+    start = min(min(rank["ready"].values()) for rank in per_rank)
+    lanes = max(len(rank["buckets"]) for rank in per_rank) + 1
+    fig = Figure(figsize=(7.5, 0.8 + 0.35 * lanes * len(per_rank)))
     ax = fig.add_subplot()
-    for rank, buckets in enumerate(per_rank):
-        height = 0.8 / len(buckets)
-        for b in buckets:
+    height = 0.85 / lanes
+    for r, rank in enumerate(per_rank):
+        top = r - 0.42
+        ready_ms = [1000 * (t - start) for t in rank["ready"].values()]
+        ax.plot(ready_ms, [top + height / 2] * len(ready_ms), "|", color="black", ms=10, mew=1.5)
+        for b in rank["buckets"]:
             left = 1000 * (b["launched"] - start)
             width = max(1000 * (b["finished"] - b["launched"]), 0.02)
-            y = rank - 0.4 + height * (b["index"] + 0.5)
-            ax.barh(y, width, left=left, height=height * 0.9, color=rank_color(b["index"]),
-                    edgecolor="black", lw=0.5)  # fmt: skip
-            ax.text(left + width, y, f" bucket {b['index']} ({b['numel']})", va="center",
-                    fontsize=7)  # fmt: skip
+            y = top + height * (b["index"] + 1.5)
+            ax.barh(y, width, left=left, height=height * 0.85, edgecolor="black", lw=0.5,
+                    color=BUCKET_COLORS[b["index"] % len(BUCKET_COLORS)])  # fmt: skip
+            ax.text(left + width, y, f" bucket {b['index']}: {len(b['params'])} tensors, "
+                    f"{b['numel']:,} numbers", va="center", fontsize=7)  # fmt: skip
     ax.set_yticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
-    ax.invert_yaxis()
-    ax.set_xlabel("ms since the first bucket was launched (bar: all-reduce in flight)")
-    ax.set_title(f"Step {step}: bucket all-reduces overlap the rest of backward")
+    ax.set_ylim(len(per_rank) - 0.5, -0.5)
+    ax.set_xlabel("ms since the first gradient was ready (bars: a bucket's all-reduce in flight)")
+    ax.set_title(f"Step {step}: gradients ready in backward (ticks), bucket all-reduces (bars)")
     fig.tight_layout()
     return fig
 

@@ -7,6 +7,7 @@ import io
 import ipywidgets as widgets
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from . import plots
 from .records import Records
@@ -32,6 +33,7 @@ def rank_view(records: Records, step: int, rank: int, param: int) -> Figure:
     left.bar(x, local[rank], color=plots.rank_color(rank), label=f"rank {rank} local")
     left.plot(x, synced[rank], "kx", label="after all-reduce")
     left.axvline(param, color="grey", ls=":")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
     left.set_xlabel("parameter (flat index)")
     left.set_title(f"step {step}, rank {rank}: local vs synced gradient", fontsize=9)
     left.legend(fontsize=7)

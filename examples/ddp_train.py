@@ -5,7 +5,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from common import make_data, make_model
+from common import load_checkpoint, make_data, make_model, save_checkpoint
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
@@ -18,6 +18,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)  # per process
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint", default="checkpoint.pt")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     args = parser.parse_args()
 
     local_rank = int(os.environ["LOCAL_RANK"])  # torchrun: this process's index on its machine
@@ -35,8 +36,9 @@ def main() -> None:
     model = make_model().to(device)
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    start = load_checkpoint(args.checkpoint, model.module, optimizer, device) if args.resume else 0
 
-    for epoch in range(args.epochs):
+    for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every process
         total = torch.zeros(2, device=device)  # sum of losses, number of samples
         for x, y in loader:
@@ -49,9 +51,9 @@ def main() -> None:
         dist.all_reduce(total)  # add up every process's sums: the loss over all samples
         if rank == 0:
             print(f"epoch {epoch}: loss {total[0] / total[1]:.4f} over {int(total[1])} samples")
-    if rank == 0:  # the copies are identical: one process saves, without DDP's "module."
-        torch.save(model.module.state_dict(), args.checkpoint)
-    dist.barrier()  # nobody goes on (or reads the file) before it is written
+        if rank == 0:  # the copies are identical: one process saves, without DDP's "module."
+            save_checkpoint(args.checkpoint, model.module, optimizer, epoch)
+        dist.barrier()  # nobody goes on (or reads the file) before it is written
     dist.destroy_process_group()
 
 

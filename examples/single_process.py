@@ -3,7 +3,7 @@
 import argparse
 
 import torch
-from common import make_data, make_model
+from common import load_checkpoint, make_data, make_model, save_checkpoint
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -14,16 +14,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint", default="checkpoint.pt")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     data = make_data()
-    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True)
+    order = torch.Generator()
+    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, generator=order)
     model = make_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    start = load_checkpoint(args.checkpoint, model, optimizer, device) if args.resume else 0
 
-    for epoch in range(args.epochs):
+    for epoch in range(start, args.epochs):
+        order.manual_seed(epoch)  # a new shuffle every epoch, the same again after a resume
         total = torch.zeros(2, device=device)  # sum of losses, number of samples
         for x, y in loader:
             x, y = x.to(device), y.to(device)
@@ -33,7 +37,7 @@ def main() -> None:
             optimizer.step()
             total += torch.stack([loss.detach() * len(x), torch.tensor(len(x), device=device)])
         print(f"epoch {epoch}: loss {total[0] / total[1]:.4f} over {int(total[1])} samples")
-    torch.save(model.state_dict(), args.checkpoint)
+        save_checkpoint(args.checkpoint, model, optimizer, epoch)
 
 
 if __name__ == "__main__":

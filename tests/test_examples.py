@@ -19,7 +19,7 @@ def epochs(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith("epoch ")]
 
 
-def test_ddp_script_runs_unchanged_under_bare_torchrun_and_the_kit(tmp_path):
+def test_ddp_script_runs_under_bare_torchrun_and_the_kit_and_resumes(tmp_path):
     args = ["--epochs", "2", "--checkpoint", str(tmp_path / "bare.pt")]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1",
@@ -32,8 +32,20 @@ def test_ddp_script_runs_unchanged_under_bare_torchrun_and_the_kit(tmp_path):
     assert kit.stdout[1] == ""  # only rank 0 prints
     assert "over 64 samples" in epochs(bare.stdout)[0]  # the loss of every process, added up
     saved = [torch.load(tmp_path / name, map_location="cpu") for name in ("bare.pt", "kit.pt")]
-    assert list(saved[0]) == ["0.weight", "0.bias", "2.weight", "2.bias"]  # no "module."
-    assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+    assert saved[0]["epoch"] == 1 and set(saved[0]) == {"model", "optimizer", "epoch"}
+    weights = [state["model"] for state in saved]
+    assert list(weights[0]) == ["0.weight", "0.bias", "2.weight", "2.bias"]  # no "module."
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+    # resume the bare run's checkpoint for a third epoch: the same as 3 epochs in one go
+    resumed = ["--epochs", "3", "--checkpoint", str(tmp_path / "bare.pt"), "--resume"]
+    third = ddp_kit.launch(EXAMPLES / "ddp_train.py", nproc=2, args=resumed, output="quiet")
+    straight = ["--epochs", "3", "--checkpoint", str(tmp_path / "straight.pt")]
+    whole = ddp_kit.launch(EXAMPLES / "ddp_train.py", nproc=2, args=straight, output="quiet")
+    assert epochs(third.stdout[0]) == epochs(whole.stdout[0])[2:]  # only epoch 2, the same
+    ends = [torch.load(tmp_path / name, map_location="cpu") for name in ("bare.pt", "straight.pt")]
+    assert ends[0]["epoch"] == ends[1]["epoch"] == 2
+    assert all(torch.equal(ends[0]["model"][k], ends[1]["model"][k]) for k in ends[0]["model"])
 
 
 def test_single_process_script_runs(tmp_path):
@@ -41,4 +53,9 @@ def test_single_process_script_runs(tmp_path):
                "--checkpoint", str(tmp_path / "one.pt")]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=True, cwd="/")
     assert epochs(done.stdout)[0].endswith("over 64 samples")
-    assert (tmp_path / "one.pt").exists()
+    script = command[:2]
+    resume = [*script, "--epochs", "2", "--checkpoint", str(tmp_path / "one.pt"), "--resume"]
+    second = subprocess.run(resume, capture_output=True, text=True, check=True, cwd="/")
+    straight = [*script, "--epochs", "2", "--checkpoint", str(tmp_path / "two.pt")]
+    whole = subprocess.run(straight, capture_output=True, text=True, check=True, cwd="/")
+    assert epochs(second.stdout) == epochs(whole.stdout)[1:]

@@ -1,10 +1,14 @@
 """The notebooks' check functions accept right answers, reject wrong ones, wait for None."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 from ddp_kit import exercises
+from ddp_kit.records import Records
+from ddp_kit.toy import make_dataset, make_model
 
 
 @pytest.mark.parametrize(
@@ -18,10 +22,7 @@ from ddp_kit import exercises
         (exercises.check_backend, (4, 2), "gloo", "nccl"),
         (exercises.check_global_batch, (2, 4), 8, 2),
         (exercises.check_average, ([0.5, -1.0, 2.0, 0.5],), 0.5, 2.0),
-        (exercises.check_ring_traffic, (100, 4), 150.0, 100.0),
-        (exercises.check_copies_identical, (), True, False),
         (exercises.check_linear_lr, (0.1, 8), 0.8, 0.1),
-        (exercises.check_epoch_fix, (), "sampler.set_epoch(epoch)", "shuffle=True"),
     ],
 )
 def test_checks(check, args, right, wrong, capsys):
@@ -46,8 +47,6 @@ def test_checks(check, args, right, wrong, capsys):
         (exercises.check_shard, (10, 4, 2), 2, False),
         (exercises.check_shard, (10, 4, 2), np.array([2, 6, 0]), True),
         (exercises.check_shard, (10, 4, 2), torch.tensor([2, 6, 0]), True),
-        (exercises.check_copies_identical, (), 1, False),
-        (exercises.check_copies_identical, (), np.bool_(True), True),
     ],
 )
 def test_answers_of_other_types(check, args, answer, verdict, capsys):
@@ -55,3 +54,63 @@ def test_answers_of_other_types(check, args, answer, verdict, capsys):
     an answer of the wrong kind is a wrong answer, never a crash."""
     assert check(*args, answer) is verdict
     assert capsys.readouterr().out.startswith("Correct!" if verdict else "Not quite")
+
+
+def records_of(per_rank: list[dict]) -> Records:
+    """Records as ranks would have written them: {name: {step: value}} per rank."""
+    return Records([{name: {0: value} for name, value in rank.items()} for rank in per_rank])
+
+
+def test_edit_and_run_checks(capsys):
+    """The checks that read what a student's edited cell produced: right, then wrong."""
+    big = np.array([1.0, -2.0])
+    assert exercises.check_accumulation(big, big, 1, 1) is True
+    assert exercises.check_accumulation(big, big, 4, 1) is False
+    assert exercises.check_accumulation(2 * big, big, 1, 1) is False
+    assert exercises.check_hand_average(big, big) is True
+    assert exercises.check_hand_average(4 * big, big) is False
+    assert "4.00 x DDP's" in capsys.readouterr().out
+    assert exercises.check_no_repeats([[0, 1], [2, 3]], size=5) is True
+    assert exercises.check_no_repeats([[0, 1, 2], [3, 0, 4]], size=5) is False
+    assert exercises.check_no_repeats([[0, 1, 2], [3, 4]], size=5) is False
+    before = {"all_gather_single": 200, "reduce_scatter_single": 400}
+    assert exercises.check_fewer_gathers({**before, "all_gather_single": 100}, before) is True
+    assert exercises.check_fewer_gathers(before, before) is False
+    assert exercises.check_two_byte_gradients(["float16"], "torch.float32") is True
+    assert exercises.check_two_byte_gradients(["float32"], "torch.float32") is False
+    assert exercises.check_two_byte_gradients([], "torch.float32") is False
+    assert exercises.check_two_byte_gradients(["bfloat16"], "torch.bfloat16") is False
+    capsys.readouterr()
+
+
+def test_checks_that_read_records(capsys):
+    join = [{"mine/last_factor": f} for f in (0.0, 1.0)]
+    assert exercises.check_join_division(records_of(join)) is True
+    join[1]["mine/last_factor"] = 0.5
+    assert exercises.check_join_division(records_of(join)) is False
+    assert exercises.check_join_division(records_of([{}, {}])) is None
+    fixed = SimpleNamespace(records=records_of([{"grad": [1.0, 2.0]}] * 2))
+    assert exercises.check_unused_fix(fixed) is True
+    unsynced = SimpleNamespace(records=records_of([{"grad": [1.0, 2.0]}, {"grad": [3.0, 2.0]}]))
+    assert exercises.check_unused_fix(unsynced) is False
+    failed = SimpleNamespace(records=records_of([{"error": "Expected to have finished"}] * 2))
+    assert exercises.check_unused_fix(failed) is False
+    x, y = make_dataset(17).tensors
+    with torch.no_grad():
+        truth = torch.nn.functional.mse_loss(make_model()(x), y).item()
+    right = SimpleNamespace(records=records_of([{"yours": truth}] * 2))
+    assert exercises.check_global_eval(right, 17) is True
+    wrong = SimpleNamespace(records=records_of([{"yours": truth * 0.9}] * 2))
+    assert exercises.check_global_eval(wrong, 17) is False
+    capsys.readouterr()
+
+
+def test_hook_budget_reads_the_last_steps():
+    def run(sent: int, loss: float) -> Records:
+        steps = {"mine/sent": {s: sent for s in range(8)}, "mine/loss": {s: loss for s in range(8)}}
+        return Records([steps, steps])
+
+    assert exercises.check_hook_budget(None, 1000, 1.0) is None
+    assert exercises.check_hook_budget(run(250, 1.05), 1000, 1.0) is True
+    assert exercises.check_hook_budget(run(300, 1.05), 1000, 1.0) is False
+    assert exercises.check_hook_budget(run(250, 1.2), 1000, 1.0) is False

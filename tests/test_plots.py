@@ -51,7 +51,8 @@ def records():
                             "launched": 1.001,
                             "finished": 1.005,
                         },
-                    ]
+                    ],
+                    "ready": {"b": 1.0, "w": 1.0005},
                 }
                 for s in range(STEPS)
             },
@@ -102,6 +103,10 @@ def test_bucket_timeline_has_one_bar_per_bucket_and_rank(records):
     widths = sorted(round(p.get_width(), 6) for p in ax.patches)
     assert widths == [2.0] * WORLD + [4.0] * WORLD  # milliseconds in flight
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2"]
+    ticks = [np.round(line.get_xdata(), 6).tolist() for line in ax.lines]  # ready ticks, ms
+    assert ticks == [[0.0, 0.5]] * WORLD
+    lefts = sorted(round(p.get_x(), 6) for p in ax.patches)
+    assert lefts == [0.0] * WORLD + [1.0] * WORLD  # bucket 1 launched 1 ms after the first tick
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4, 8])
