@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,7 +13,12 @@ from .result import RunResult
 
 HANG_SIGNS = ("Timed out waiting", "timed out", "Connection closed by peer", "Connection reset")
 
-SOURCE_TAG = re.compile(r"\[/\S+:\d+\] ")  # gloo's "[/path/to/file.cc:78] " prefix
+# Raised by init_process_group when gloo cannot connect every pair of ranks ("Gloo
+# connectFullMesh failed with ... Connection closed by peer"): seen about once in 200 launches
+# on loopback, never twice in a row.
+CONNECT_SIGN = "connectFullMesh"
+
+SOURCE_TAG = re.compile(r"\[(?:\.\.)?/\S+:\d+\] ")  # gloo's "[/path/to/file.cc:78] " prefix
 
 HANG_HELP = (
     "A collective (all_reduce, barrier, DDP's gradient sync...) waited for ranks that never "
@@ -103,6 +110,47 @@ def teardown_note(result: RunResult) -> str | None:
         "had completed and saved its records: a rank crashed while its process was ending. "
         "The results are complete." + stderr_tails(result.stderr, lines=1)
     )
+
+
+def launch_retry_note(result: RunResult) -> str | None:
+    """connect_retry_note() for a launch that left nothing behind (no records, no rank
+    completed, not stopped): launching it again then repeats nothing the user saw."""
+    if result.ok or result.timed_out or result.interrupted or result.completed:
+        return None
+    if len(result.records):
+        return None
+    return connect_retry_note(result.failures, any(result.stdout), "the job was launched again")
+
+
+def connect_retry_note(failures: Sequence[RankFailure], printed: bool, again: str) -> str | None:
+    """A note if the ranks failed only because init_process_group could not connect them (the
+    first failure is gloo's, the others happened while joining too) and nothing was printed:
+    a rare transient failure, worth one more try (`again` says how). Else None: every other
+    failure is the user's to see."""
+    if printed or not failures:
+        return None
+    root = min(failures, key=lambda f: f.time)
+    joining = all("init_process_group" in f.traceback for f in failures)
+    if CONNECT_SIGN not in root.message or not joining:
+        return None
+    first_line = SOURCE_TAG.sub("", root.message).splitlines()[0]
+    return (
+        f"rank {root.rank} failed inside init_process_group before any rank printed anything "
+        f"({root.type}: {first_line}). Gloo could not connect the ranks on loopback, a rare "
+        f"transient failure, so {again}, once; what follows is that second try."
+    )
+
+
+def say(note: str) -> None:
+    """Show a note under the cell (stderr). With DDP_KIT_NOTES_FILE set (the test run) it is
+    appended to that file instead, so compared notebook outputs stay the same; the test run
+    prints the file at its end."""
+    notes_file = os.environ.get("DDP_KIT_NOTES_FILE")
+    if notes_file:
+        with open(notes_file, "a", encoding="utf-8") as sink:
+            sink.write(f"[ddp_kit] note: {note}\n")
+    else:
+        print(f"[ddp_kit] note: {note}", file=sys.stderr)
 
 
 def stderr_tails(stderr: Sequence[str], lines: int = 5) -> str:

@@ -64,61 +64,92 @@ def launch(
     `args` are passed to the script (its sys.argv[1:]). nnodes > 1 starts that many torchrun
     agents on this machine, as if each were a node of a cluster, all on 127.0.0.1. A failure
     raises WorkerError naming the rank (unless check=False); `timeout` bounds the whole run,
-    `collective_timeout` each collective.
+    `collective_timeout` each collective. A job whose ranks failed only because gloo could not
+    connect them in init_process_group, before any printed, runs once more, with a note.
     """
     validate(nproc, nnodes, timeout, collective_timeout, output)
     choice = choose_backend(nproc * nnodes, backend)
     if choice.fallback:
         print(f"[ddp_kit] {choice.reason}", file=sys.stderr)
-    run_dir = make_run_dir()
-    try:
-        path = write_script(run_dir, script)
-        commands = torchrun_commands(path, nproc, nnodes, run_dir / "logs", args)
-        shown = RankOutput(log_roots(run_dir, nnodes), nproc, output)
-        world = nproc * nnodes
-        progress = LaunchProgress(
-            shown, run_dir / "done", world, output != "quiet" and progress_wanted()
-        )
-        start = time.perf_counter()
-        environment = worker_env(run_dir, choice.backend, collective_timeout, env)
-        agents = Agents.start(commands, environment, nproc)
-        outcome = _wait(agents, shown, timeout, progress)
-        duration = time.perf_counter() - start
-        shown.finish()
-        progress.finish(f"{world} ranks ran for {duration:.1f} s")
-        result = RunResult(
-            nproc=nproc,
-            nnodes=nnodes,
-            backend=choice.backend,
-            device=choice.device,
-            returncode=outcome.returncode,
-            duration=duration,
-            stdout=[shown.text(r, "stdout") for r in range(world)],
-            stderr=[shown.text(r, "stderr") for r in range(world)],
-            records=Records.load(run_dir / "records", world),
-            failures=failures.read_reports(run_dir / "errors"),
-            timed_out=outcome.timed_out,
-            interrupted=outcome.interrupted,
-            script=path.read_text(),
-            agent_log=outcome.agent_log,
-            commands=commands,
-            run_dir=run_dir if keep_run_dir else None,
-            completed=ranks_marked(run_dir / "done", COMPLETED),
-        )
-        note = diagnose.teardown_note(result)
-        if note:
-            result.notes.append(note)
-            print(f"[ddp_kit] note: {note}", file=sys.stderr)
-    finally:
-        if not keep_run_dir:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    if outcome.interrupted:
+    job = Job(script, nproc, nnodes, list(map(str, args)), choice.backend, choice.device,
+              timeout, collective_timeout, output, dict(env or {}), keep_run_dir)  # fmt: skip
+    result, shown = job.run()
+    retry_note = diagnose.launch_retry_note(result)
+    if retry_note:  # its stdout was empty and its stderr is not shown: the note says it all
+        diagnose.say(retry_note)
+        result, shown = job.run()
+        result.notes.insert(0, retry_note)
+    shown.finish()
+    note = diagnose.teardown_note(result)
+    if note:
+        result.notes.append(note)
+        diagnose.say(note)
+    if result.interrupted:
         raise KeyboardInterrupt(diagnose.explain(result, timeout).message)
     if check and not result.ok:
-        error = LaunchTimeout if outcome.timed_out else WorkerError
+        error = LaunchTimeout if result.timed_out else WorkerError
         explanation = diagnose.explain(result, timeout)
         raise error(explanation.message, result, explanation.rendered(error.__name__))
     return result
+
+
+@dataclass(frozen=True)
+class Job:
+    """One launch's settings; run() starts it afresh (in a new run directory) each time."""
+
+    script: Script
+    nproc: int
+    nnodes: int
+    args: list[str]
+    backend: str
+    device: str
+    timeout: float
+    collective_timeout: float
+    output: str
+    env: dict[str, str]
+    keep_run_dir: bool
+
+    def run(self) -> tuple[RunResult, RankOutput]:
+        """Run the job once. Returns its result and its output, of which only rank 0's
+        stdout has been shown so far (in "ordered" mode): `finish()` it to show the rest."""
+        run_dir = make_run_dir()
+        try:
+            path = write_script(run_dir, self.script)
+            commands = torchrun_commands(path, self.nproc, self.nnodes, run_dir / "logs", self.args)
+            shown = RankOutput(log_roots(run_dir, self.nnodes), self.nproc, self.output)
+            world = self.nproc * self.nnodes
+            enabled = self.output != "quiet" and progress_wanted()
+            progress = LaunchProgress(shown, run_dir / "done", world, enabled)
+            start = time.perf_counter()
+            environment = worker_env(run_dir, self.backend, self.collective_timeout, self.env)
+            agents = Agents.start(commands, environment, self.nproc)
+            outcome = _wait(agents, shown, self.timeout, progress)
+            duration = time.perf_counter() - start
+            shown.read_rest()
+            progress.finish(f"{world} ranks ran for {duration:.1f} s")
+            result = RunResult(
+                nproc=self.nproc,
+                nnodes=self.nnodes,
+                backend=self.backend,
+                device=self.device,
+                returncode=outcome.returncode,
+                duration=duration,
+                stdout=[shown.text(r, "stdout") for r in range(world)],
+                stderr=[shown.text(r, "stderr") for r in range(world)],
+                records=Records.load(run_dir / "records", world),
+                failures=failures.read_reports(run_dir / "errors"),
+                timed_out=outcome.timed_out,
+                interrupted=outcome.interrupted,
+                script=path.read_text(),
+                agent_log=outcome.agent_log,
+                commands=commands,
+                run_dir=run_dir if self.keep_run_dir else None,
+                completed=ranks_marked(run_dir / "done", COMPLETED),
+            )
+        finally:
+            if not self.keep_run_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        return result, shown
 
 
 def validate(nproc: int, nnodes: int, timeout: float, collective: float, output: str) -> None:

@@ -52,12 +52,16 @@ class RankPrinter:
         if self._live(rank, stream):
             self._show(rank, stream)
 
-    def finish(self) -> None:
-        """Take the unfinished last lines too, and show everything not shown yet."""
+    def end_lines(self) -> None:
+        """Take the unfinished last lines too (the writers are done)."""
         for key, partial in self.partial.items():
             if partial:
                 self.lines[key].append(partial)
                 self.partial[key] = ""
+
+    def finish(self) -> None:
+        """Take the unfinished last lines too, and show everything not shown yet."""
+        self.end_lines()
         for stream in STREAMS:
             for rank in self.ranks:
                 self._show(rank, stream)
@@ -138,7 +142,13 @@ class RankOutput(RankPrinter):
             if chunk:
                 self.write(rank, stream, chunk)
 
+    def read_rest(self) -> None:
+        """Read what the logs hold, for good: the ranks are done and the files may go."""
+        self.poll()
+        self.files = {}
+        self.end_lines()
+
     def finish(self) -> None:
         """Read the rest, then show everything not shown yet, in rank order."""
-        self.poll()
+        self.read_rest()
         super().finish()

@@ -53,6 +53,7 @@ class CellResult:
     stderr: list[str]
     failures: list[RankFailure] = field(default_factory=list)
     duration: float = 0.0
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +122,7 @@ class Session:
         self.output = output
         self.env = dict(env or {})
         self.cells_run = 0
+        self._fresh = False  # no cell has run on these ranks yet
         self.started_at = 0.0
         self.start_seconds = 0.0
         self._conns: dict[int, Connection] = {}
@@ -178,6 +180,7 @@ class Session:
         self._pids = {rank: pid for rank, (_, pid) in accepted.items()}
         self.started_at = time.time()
         self.start_seconds = time.perf_counter() - begin
+        self._fresh = True
 
     def close(self) -> None:
         """Stop every rank and agent (the ranks leave their process group first)."""
@@ -228,28 +231,27 @@ class Session:
 
         A rank that raises gives a CellError (unless check=False); the session stays up. A
         cell past cell_timeout, or interrupted, is interrupted on the ranks; ranks that do not
-        come back within a few seconds make the session restart (and say so).
+        come back within a few seconds make the session restart (and say so). If the first
+        cell on fresh ranks failed only because gloo could not connect them, before any
+        printed, the ranks are restarted and the cell runs once more, with a note.
         """
         targets = self._targets(ranks)
         self.cells_run += 1
         name = f"<cell {self.cells_run}>"
         compile(code, name, "exec")  # a syntax error is shown here, before any rank runs it
-        printer = RankPrinter(targets, self.output)
-        begin = time.perf_counter()
-        for rank in targets:
-            self._conns[rank].send(("run", name, code))
-        try:
-            replies, stop = self._collect(targets, printer)
-        finally:
-            printer.finish()
-        found = [RankFailure(**reply[1]) for reply in replies.values() if reply[1] is not None]
-        result = CellResult(
-            targets,
-            [printer.text(r, "stdout") if r in targets else "" for r in range(self.world_size)],
-            [printer.text(r, "stderr") if r in targets else "" for r in range(self.world_size)],
-            sorted(found, key=lambda f: f.time),
-            time.perf_counter() - begin,
-        )
+        fresh, self._fresh = self._fresh, False
+        result, stop, printer = self._run_cell(name, code, targets)
+        retry_note = None
+        if fresh and stop is None and len(targets) == self.world_size:
+            again = "the ranks were restarted and the cell run again"
+            retry_note = diagnose.connect_retry_note(result.failures, any(result.stdout), again)
+        if retry_note:  # fresh ranks lose nothing; the first try's output is not shown
+            self.restart()
+            diagnose.say(retry_note)
+            self._fresh = False
+            result, stop, printer = self._run_cell(name, code, targets)
+            result.notes.append(retry_note)
+        printer.finish()
         notes = [stop.reason] if stop else []
         if _hung(result.failures):
             self.restart()
@@ -264,6 +266,31 @@ class Session:
             rendered = explanation.rendered("CellError") + ["", *notes]
             raise CellError(message, result, rendered)
         return result
+
+    def _run_cell(
+        self, name: str, code: str, targets: list[int]
+    ) -> tuple[CellResult, _Stop | None, RankPrinter]:
+        """Run the cell once; what it printed is kept, and shown so far only as the output
+        mode shows it live (the caller finishes the printer)."""
+        printer = RankPrinter(targets, self.output)
+        begin = time.perf_counter()
+        for rank in targets:
+            self._conns[rank].send(("run", name, code))
+        try:
+            replies, stop = self._collect(targets, printer)
+        except BaseException:
+            printer.finish()
+            raise
+        printer.end_lines()
+        found = [RankFailure(**reply[1]) for reply in replies.values() if reply[1] is not None]
+        result = CellResult(
+            targets,
+            [printer.text(r, "stdout") if r in targets else "" for r in range(self.world_size)],
+            [printer.text(r, "stderr") if r in targets else "" for r in range(self.world_size)],
+            sorted(found, key=lambda f: f.time),
+            time.perf_counter() - begin,
+        )
+        return result, stop, printer
 
     def pull(self, name: str, ranks: Iterable[int] | None = None) -> list[Any]:
         """The value of variable `name` on every rank (tensors as numpy arrays), rank order."""

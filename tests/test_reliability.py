@@ -122,7 +122,8 @@ def test_workers_talk_over_loopback_only_and_run_dirs_are_private():
         shutil.rmtree(run.run_dir)
 
 
-def test_a_crash_after_the_script_completed_is_a_note_on_a_successful_result(capfd):
+def test_a_crash_after_the_script_completed_is_a_note_on_a_successful_result(capfd, monkeypatch):
+    monkeypatch.delenv("DDP_KIT_NOTES_FILE", raising=False)  # notes go to stderr, not a file
     code = textwrap.dedent("""
         import atexit, os
         from ddp_kit.worker import rank, record
@@ -148,3 +149,83 @@ def test_files_a_script_left_open_are_complete_after_the_run(tmp_path):
     code = f"log = open({str(path)!r}, 'w')\nlog.write('every line\\n' * 1000)\n"
     ddp_kit.launch(code, nproc=1, output="quiet")
     assert path.read_text() == "every line\n" * 1000
+
+
+# Rank 1's init_process_group fails where gloo raises when it cannot connect the ranks (the
+# ProcessGroupGloo constructor), with gloo's message: the transient failure, on demand.
+CONNECT_FAILURE = textwrap.dedent("""
+    import os, pathlib, sys
+    import torch, torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from ddp_kit.worker import backend, rank, record
+    folder, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+    if rank() == 0:
+        with open(folder / "runs.txt", "a") as runs:
+            runs.write(os.environ["DDP_KIT_RECORD_DIR"] + "\\n")
+        if mode == "print":
+            print("rank 0 starts")
+    if rank() == 1 and (mode == "always" or not (folder / "failed").exists()):
+        (folder / "failed").touch()
+        def cannot_connect(*args, **kwargs):
+            raise RuntimeError("Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_"
+                               "party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by "
+                               "peer [127.0.0.1]:22410")
+        c10d.ProcessGroupGloo = cannot_connect
+    dist.init_process_group(backend())
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    record("total", total)
+    dist.destroy_process_group()
+""")
+
+
+def launches(folder) -> int:
+    return len(set((folder / "runs.txt").read_text().split()))
+
+
+def test_a_connect_failure_in_init_is_launched_again_once_with_a_note(tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv("DDP_KIT_NOTES_FILE", raising=False)
+    result = ddp_kit.launch(CONNECT_FAILURE, nproc=2, args=[tmp_path, "once"])
+    assert result.ok and launches(tmp_path) == 2
+    assert result.records["total"].tolist() == [[[2.0], [2.0]]]
+    assert "rank 1 failed inside init_process_group" in result.notes[0]
+    assert "connectFullMesh" in result.notes[0] and "launched again, once" in result.notes[0]
+    err = capfd.readouterr().err
+    assert err.count("[ddp_kit] note: rank 1 failed inside init_process_group") == 1
+    assert "[rank 1]" not in err  # the first run's output is not shown: the note says it all
+
+
+def test_a_connect_failure_every_time_is_an_error_after_one_retry(tmp_path, capfd, monkeypatch):
+    notes = tmp_path / "notes.txt"
+    monkeypatch.setenv("DDP_KIT_NOTES_FILE", str(notes))  # as in the test run: not in the cell
+    with pytest.raises(WorkerError, match="Rank 1 failed with RuntimeError: Gloo connectFullMesh"):
+        ddp_kit.launch(CONNECT_FAILURE, nproc=2, args=[tmp_path, "always"], output="quiet")
+    assert launches(tmp_path) == 2
+    assert notes.read_text().count("[ddp_kit] note: rank 1 failed inside init_process_group") == 1
+    assert "[ddp_kit] note" not in capfd.readouterr().err
+
+
+def test_a_connect_failure_after_the_script_printed_is_not_launched_again(tmp_path):
+    with pytest.raises(WorkerError, match="connectFullMesh"):
+        ddp_kit.launch(CONNECT_FAILURE, nproc=2, args=[tmp_path, "print"], output="quiet")
+    assert launches(tmp_path) == 1
+
+
+def test_a_connect_failure_in_a_fresh_session_restarts_it_and_runs_the_cell_again(
+    tmp_path, monkeypatch
+):
+    notes = tmp_path / "notes.txt"
+    monkeypatch.setenv("DDP_KIT_NOTES_FILE", str(notes))
+    first_cell = (
+        CONNECT_FAILURE.replace("sys.argv[1]", repr(str(tmp_path)))
+        .replace("sys.argv[2]", "'once'")
+        .replace("dist.destroy_process_group()", "")  # the process group stays, as in class
+    )
+    with ddp_kit.Session(2, collective_timeout=3, cell_timeout=60, output="quiet") as session:
+        result = session.run(first_cell)
+        assert result.ok and launches(tmp_path) == 2
+        assert "the ranks were restarted and the cell run again" in result.notes[0]
+        assert notes.read_text().count("rank 1 failed inside init_process_group") == 1
+        assert session.pull("total") == [[2.0], [2.0]]
+        failed_later = session.run("dist.all_reduce(undefined)", check=False)
+        assert not failed_later.ok and not failed_later.notes  # only a fresh session's cell
