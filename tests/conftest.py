@@ -9,6 +9,11 @@ import pytest
 
 KIT_PROCESSES = ("ddp_kit.agent", "ddp_kit.runner")
 
+# Code that makes a child Python process stand in for a notebook kernel: like ipykernel while a
+# cell runs, SIGINT raises KeyboardInterrupt, even if this test run was started with SIGINT
+# ignored (a shell's background job: its children then inherit SIG_IGN).
+KERNEL_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
 
 def kit_processes() -> list[psutil.Process]:
     """Every living torchrun agent or worker started by ddp_kit on this machine, orphans too."""

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import kit_processes, wait_until_gone
+from conftest import KERNEL_SIGINT, kit_processes, wait_until_gone
 
 import ddp_kit
 from ddp_kit import LaunchConfigError, LaunchTimeout, WorkerError
@@ -53,7 +53,7 @@ def test_launch_timeout_stops_every_process():
 
 def start_launcher(env: dict | None = None) -> subprocess.Popen:
     """A separate Python process (like a kernel) that launches 2 sleeping ranks."""
-    code = f"import ddp_kit\nddp_kit.launch({SLEEPER!r}, nproc=2)\n"
+    code = f"{KERNEL_SIGINT}import ddp_kit\nddp_kit.launch({SLEEPER!r}, nproc=2)\n"
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})  # fmt: skip
     deadline = time.monotonic() + 60

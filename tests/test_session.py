@@ -13,7 +13,7 @@ from multiprocessing.connection import Client, Listener
 
 import numpy as np
 import pytest
-from conftest import kit_processes, wait_until_gone
+from conftest import KERNEL_SIGINT, kit_processes, wait_until_gone
 from IPython.core.interactiveshell import InteractiveShell
 from test_session_live import SETUP
 
@@ -94,7 +94,8 @@ def start_kernel(code: str, env: dict | None = None) -> subprocess.Popen:
     """A separate Python process standing in for a notebook kernel; waits for READY."""
     import os
 
-    kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_SIGINT + code],
+                              stdout=subprocess.PIPE, text=True,
                               env={**os.environ, **(env or {})})  # fmt: skip
     assert kernel.stdout.readline().strip() == "READY"
     return kernel
