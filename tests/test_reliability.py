@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import KERNEL_SIGINT, kit_processes, wait_until_gone
+from support import KERNEL_SIGINT, kit_processes, wait_until_gone
 
 import ddp_kit
 from ddp_kit import LaunchConfigError, LaunchTimeout, WorkerError

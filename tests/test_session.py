@@ -13,8 +13,8 @@ from multiprocessing.connection import Client, Listener
 
 import numpy as np
 import pytest
-from conftest import KERNEL_SIGINT, kit_processes, wait_until_gone
 from IPython.core.interactiveshell import InteractiveShell
+from support import KERNEL_SIGINT, kit_processes, wait_until_gone
 from test_session_live import SETUP
 
 import ddp_kit

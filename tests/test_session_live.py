@@ -6,7 +6,7 @@ import time
 
 import psutil
 import pytest
-from conftest import wait_until_gone
+from support import wait_until_gone
 
 from ddp_kit import Session
 from ddp_kit.errors import CellError

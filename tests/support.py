@@ -1,0 +1,48 @@
+"""What several test files need: the kit's processes started by THIS test run, and a child
+Python process that behaves like a notebook kernel.
+
+Every process the kit starts inherits the environment, so this run's processes carry its
+marker (DDP_KIT_TEST_RUN, set by conftest.py); a notebook open in JupyterLab, another
+checkout's session or a second test run has another marker or none, and is never counted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+RUN_MARKER = "DDP_KIT_TEST_RUN"
+KIT_COMMANDS = ("ddp_kit.",)  # agents, ranks and helpers run `python -m ddp_kit....`
+
+# Code that makes a child Python process stand in for a notebook kernel: like ipykernel while a
+# cell runs, SIGINT raises KeyboardInterrupt, even if this test run was started with SIGINT
+# ignored (a shell's background job: its children then inherit SIG_IGN).
+KERNEL_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
+def kit_processes() -> list[psutil.Process]:
+    """Every living process of the kit started by this test run, orphans included."""
+    marker = os.environ[RUN_MARKER]
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or not any(
+            k in cmdline for k in KIT_COMMANDS
+        ):
+            continue
+        try:
+            if proc.environ().get(RUN_MARKER) == marker:
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_until_gone(seconds: float = 5.0) -> list[str]:
+    """Wait up to `seconds` for this run's kit processes to end; describe those still there."""
+    deadline = time.monotonic() + seconds
+    while kit_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [f"{p.pid} {' '.join(p.cmdline()[:6])}" for p in kit_processes()]
