@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import ddp_kit
-from ddp_kit.launcher import loopback_interface
+from ddp_kit.kernel.torchrun import loopback_interface
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -176,7 +176,7 @@ optimizer.step()
 def live_ranks(ranks: list[int], cells: int, launches: int) -> dict:
     """Live ranks: session start, a trivial cell and a DDP step cell (medians of `cells`),
     the first DDP construction, and the same step as a fresh launch()."""
-    from ddp_kit.session import Session
+    from ddp_kit.kernel.session import Session
 
     out = {}
     for nproc in ranks:
@@ -226,7 +226,7 @@ for n, group in first_ranks_groups(SIZES).items():
 def speedup(ranks: list[int]) -> dict:
     """Notebook 17's measurement (best of 3 epochs): seconds per epoch on the first n ranks,
     with and without the all-reduce, and the speedup over one rank."""
-    from ddp_kit.session import Session
+    from ddp_kit.kernel.session import Session
 
     with Session(max(ranks), output="quiet") as session:
         session.run(f"SIZES = {ranks!r}\n" + SPEEDUP)

@@ -21,13 +21,13 @@ Shared by both worlds
     markers    a rank's started/completed markers
 """
 
-from .backend import BackendChoice, choose_backend
-from .errors import DDPKitError, LaunchConfigError, LaunchTimeout, RecordError, WorkerError
-from .failures import RankFailure
-from .launcher import launch
-from .records import Records
-from .result import RunResult
-from .session import CellResult, Session
+from .kernel.backend import BackendChoice, choose_backend
+from .kernel.result import RunResult
+from .kernel.session import CellResult, Session
+from .kernel.torchrun import launch
+from .shared.errors import DDPKitError, LaunchConfigError, LaunchTimeout, RecordError, WorkerError
+from .shared.failures import RankFailure
+from .shared.records import Records
 
 __all__ = [
     "BackendChoice",
@@ -49,7 +49,7 @@ __all__ = [
 
 def load_ipython_extension(ipython) -> None:
     """`%load_ext ddp_kit`: the %%torchrun and %ranks magics, and inline figures."""
-    from .magic import register
+    from .kernel.magic import register
     from .plots import show_figures_in
 
     register(ipython)

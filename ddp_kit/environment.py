@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from .backend import choose_backend, cuda_device_count
+from .kernel.backend import choose_backend, cuda_device_count
 
 
 def describe(nproc: int = 4) -> str:

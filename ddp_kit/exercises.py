@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import choose_backend
+from .kernel.backend import choose_backend
 
 
 def _number(answer: Any) -> float | None:

@@ -10,8 +10,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from . import plots
-from .records import Records
-from .result import RunResult
+from .kernel.result import RunResult
+from .shared.records import Records
 
 
 def figure_png(fig: Figure) -> bytes:

@@ -2,7 +2,7 @@
 
 The launcher sets DDP_KIT_* variables; outside a ddp_kit run these helpers fall back to the
 plain torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE) and gloo on CPU. (What prepares a
-rank before the student's code runs lives in ddp_kit.runner.)
+rank before the student's code runs lives in ddp_kit.rank.runner.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .records import RecordWriter
+from .shared.records import RecordWriter
 
 _writer: RecordWriter | None = None
 _before_flush: list[Callable[[], None]] = []

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_kit.launcher import free_port
-from ddp_kit.processes import stop_tree
+from ddp_kit.kernel.torchrun import free_port
+from ddp_kit.shared.processes import stop_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

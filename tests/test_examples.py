@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import ddp_kit
-from ddp_kit.launcher import loopback_interface
+from ddp_kit.kernel.torchrun import loopback_interface
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddp_kit import exercises
-from ddp_kit.records import Records
+from ddp_kit.shared.records import Records
 from ddp_kit.toy import make_dataset, make_model
 
 

@@ -141,7 +141,7 @@ def test_worker_backend_helpers_follow_the_launcher(monkeypatch):
 
 def test_markers_are_read_back_by_stage(tmp_path, monkeypatch):
     """A started marker is not a completed one (their names share a suffix), and ranks sort."""
-    from ddp_kit import markers
+    from ddp_kit.shared import markers
 
     monkeypatch.setenv("DDP_KIT_DONE_DIR", str(tmp_path))
     for rank in (10, 2, 0):

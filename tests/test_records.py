@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddp_kit import RecordError, Records
-from ddp_kit.records import RecordWriter
+from ddp_kit.shared.records import RecordWriter
 
 
 def write(tmp_path, rank, **values):

@@ -57,7 +57,7 @@ def start_launcher(env: dict | None = None) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})  # fmt: skip
     deadline = time.monotonic() + 60
-    while sum("ddp_kit.runner" in " ".join(p.cmdline()) for p in kit_processes()) < 2:
+    while sum("ddp_kit.rank.runner" in " ".join(p.cmdline()) for p in kit_processes()) < 2:
         assert time.monotonic() < deadline, "workers never started"
         time.sleep(0.2)
     return proc
@@ -89,7 +89,7 @@ def test_two_launches_at_once_do_not_collide():
 
 
 def test_nccl_without_enough_gpus_is_refused_before_starting():
-    if ddp_kit.backend.cuda_device_count() >= 64:
+    if ddp_kit.kernel.backend.cuda_device_count() >= 64:
         pytest.skip("this machine has 64 GPUs")
     with pytest.raises(LaunchConfigError, match="backend='nccl' needs one CUDA GPU per rank"):
         ddp_kit.launch("print('never')", nproc=64, backend="nccl")
@@ -112,7 +112,7 @@ def test_workers_talk_over_loopback_only_and_run_dirs_are_private():
         for rank in range(2):
             assert run.records.get("env", 0, rank) == {
                 "MASTER_ADDR": "127.0.0.1",
-                "GLOO_SOCKET_IFNAME": ddp_kit.launcher.loopback_interface(),
+                "GLOO_SOCKET_IFNAME": ddp_kit.kernel.torchrun.loopback_interface(),
             }
             for address in run.records.get("addresses", 0, rank):
                 ip = ipaddress.ip_address(address)

@@ -18,8 +18,8 @@ from support import KERNEL_SIGINT, kit_processes, wait_until_gone
 from test_session_live import SETUP
 
 import ddp_kit
-from ddp_kit.errors import LaunchConfigError, SessionError
-from ddp_kit.session import Session, _accept_ranks
+from ddp_kit.kernel.session import Session, _accept_ranks
+from ddp_kit.shared.errors import LaunchConfigError, SessionError
 
 
 def test_a_rank_stuck_in_a_collective_makes_the_session_restart():
@@ -76,7 +76,7 @@ def test_ddp_walked_cell_by_cell_equals_the_same_training_in_one_launch():
 
 KERNEL = """
 import sys, time
-from ddp_kit.session import Session
+from ddp_kit.kernel.session import Session
 session = Session(2, output="quiet")
 print("READY", flush=True)
 try:

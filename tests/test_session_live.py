@@ -9,7 +9,7 @@ import pytest
 from support import wait_until_gone
 
 from ddp_kit import Session
-from ddp_kit.errors import CellError
+from ddp_kit.shared.errors import CellError
 
 SETUP = """
 import time

@@ -3,8 +3,8 @@
 The process chain (each link dies with the one above it: PDEATHSIG plus a watchdog):
 
     notebook kernel ── launch() / Session
-      └─ agent, one per node: `python -m ddp_kit.agent` = torchrun (c10d rendezvous, 127.0.0.1)
-           └─ rank, one per process: `python -m ddp_kit.runner SCRIPT` (bootstrap, then SCRIPT)
+      └─ agent, one per node: `python -m ddp_kit.rank.agent` = torchrun (c10d rendezvous, 127.0.0.1)
+           └─ rank, one per process: `python -m ddp_kit.rank.runner SCRIPT` (bootstrap, then SCRIPT)
 
 Everything a run leaves goes into a private run directory (mode 0700), and three things are
 read back from it:
@@ -28,15 +28,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import diagnose, failures
+from ..shared import failures
+from ..shared.errors import LaunchConfigError, LaunchTimeout, WorkerError
+from ..shared.markers import COMPLETED, ranks_marked
+from ..shared.processes import stop_tree
+from ..shared.records import Records
+from . import diagnose
 from .backend import choose_backend
-from .errors import LaunchConfigError, LaunchTimeout, WorkerError
-from .markers import COMPLETED, ranks_marked
 from .output import OUTPUT_MODES, RankOutput
-from .processes import stop_tree
 from .progress import LaunchProgress
 from .progress import wanted as progress_wanted
-from .records import Records
 from .result import RunResult
 from .script import Script, write_script
 
@@ -238,10 +239,10 @@ def torchrun_commands(
             ]
             for node in range(nnodes)
         ]
-    agent = [sys.executable, "-m", "ddp_kit.agent", f"--nproc-per-node={nproc}"]
+    agent = [sys.executable, "-m", "ddp_kit.rank.agent", f"--nproc-per-node={nproc}"]
     return [
         [*agent, *rdzv, "--local-addr=127.0.0.1", "--redirects=3",
-         f"--log-dir={log_dir / f'node{node}'}", "-m", "ddp_kit.runner", str(script),
+         f"--log-dir={log_dir / f'node{node}'}", "-m", "ddp_kit.rank.runner", str(script),
          *map(str, args)]
         for node, rdzv in enumerate(rendezvous)
     ]  # fmt: skip

@@ -30,7 +30,7 @@ def choose_backend(ranks: int, requested: str = "auto", gpus: int | None = None)
     NCCL needs one GPU per rank (two ranks on one GPU fail with "Duplicate GPU detected"),
     so "auto" uses nccl only when there are at least as many GPUs as ranks, else gloo on CPU.
     """
-    from .errors import LaunchConfigError
+    from ..shared.errors import LaunchConfigError
 
     if requested not in BACKENDS:
         raise LaunchConfigError(

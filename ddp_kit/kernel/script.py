@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import LaunchConfigError
+from ..shared.errors import LaunchConfigError
 
 Script = str | Path | Callable[[], object]
 """Code text, the path of an existing .py file, or a function taking no arguments."""

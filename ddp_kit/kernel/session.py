@@ -3,7 +3,7 @@ backward, all-reduce and the optimizer step and look at every rank's tensors.
 
     kernel: Session ── listens on 127.0.0.1:<free port>, random key per session
       └─ agent per node (torchrun, started by the launcher's pieces)
-           └─ rank: ddp_kit.runner -> ddp_kit.rank_server, connects back, authenticated
+           └─ rank: ddp_kit.rank.runner -> ddp_kit.rank.server, connects back, authenticated
 
 Each cell is sent to the chosen ranks and run there in one namespace per rank; output comes
 back as it is printed and is shown like launch()'s (ordered or live). The student still calls
@@ -26,17 +26,17 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
+from ..rank.server import ADDRESS, KEY_FILE
+from ..shared.errors import CellError, SessionError
+from ..shared.failures import RankFailure
+from ..shared.records import Records
 from . import diagnose
 from .backend import choose_backend
-from .errors import CellError, SessionError
-from .failures import RankFailure
-from .launcher import Agents, log_roots, make_run_dir, torchrun_commands, validate, worker_env
 from .output import RankOutput, RankPrinter
-from .rank_server import ADDRESS, KEY_FILE
-from .records import Records
 from .script import write_script
+from .torchrun import Agents, log_roots, make_run_dir, torchrun_commands, validate, worker_env
 
-SERVER = "from ddp_kit.rank_server import serve\n\nserve()\n"
+SERVER = "from ddp_kit.rank.server import serve\n\nserve()\n"
 START_TIMEOUT = 180.0  # torchrun, `import torch` and DDP's imports on every rank
 HELLO_TIMEOUT = 10.0
 INTERRUPT_GRACE = 5.0  # how long interrupted ranks have to answer before a restart

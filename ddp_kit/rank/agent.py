@@ -1,11 +1,11 @@
-"""`python -m ddp_kit.agent ARGS`: torchrun that ends with the Jupyter kernel that started it."""
+"""`python -m ddp_kit.rank.agent ARGS`: torchrun that ends with the kernel that started it."""
 
 from __future__ import annotations
 
 import signal
 import sys
 
-from .processes import die_with_parent
+from ..shared.processes import die_with_parent
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ import inspect
 import shlex
 from collections.abc import Callable
 
-from .errors import LaunchConfigError
-from .launcher import launch
+from ..shared.errors import LaunchConfigError
 from .output import OUTPUT_MODES
+from .torchrun import launch
 
 
 class MagicParser(argparse.ArgumentParser):

@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from .markers import STARTED, ranks_marked
+from ..shared.markers import STARTED, ranks_marked
 from .output import RankOutput
 
 UPDATE_SECONDS = 0.5

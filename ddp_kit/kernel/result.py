@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .failures import RankFailure
-from .records import Records
+from ..shared.failures import RankFailure
+from ..shared.records import Records
 
 
 @dataclass

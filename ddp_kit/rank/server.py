@@ -1,6 +1,6 @@
 """A live rank: connect back to the kernel, then run each cell it sends in one namespace.
 
-This is the script a Session's torchrun starts on every rank (through ddp_kit.runner, so the
+This is the script a Session's torchrun starts on every rank (through ddp_kit.rank.runner, so the
 rank still dies with its agent and has the short collective timeout). The channel is a
 multiprocessing connection on 127.0.0.1, authenticated both ways with the session's key
 before any message is read. Messages from the kernel:
@@ -26,7 +26,8 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
-from . import failures, worker
+from .. import worker
+from ..shared import failures
 
 KEY_FILE = "DDP_KIT_SESSION_KEY_FILE"
 ADDRESS = "DDP_KIT_SESSION_ADDRESS"

@@ -1,4 +1,4 @@
-"""`python -m ddp_kit.runner SCRIPT ARGS`: what torchrun starts on every rank.
+"""`python -m ddp_kit.rank.runner SCRIPT ARGS`: what torchrun starts on every rank.
 
 It bootstraps the rank (dies with its agent, a short collective timeout, error reports, a clean
 exit), then runs SCRIPT as __main__, so tracebacks point at the script's own line numbers.
@@ -15,8 +15,9 @@ from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
-from . import failures, markers, worker
-from .processes import die_with_parent
+from .. import worker
+from ..shared import failures, markers
+from ..shared.processes import die_with_parent
 
 _script: str | None = None
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .failures import RankFailure
+from ..shared.failures import RankFailure
 from .result import RunResult
 
 HANG_SIGNS = ("Timed out waiting", "timed out", "Connection closed by peer", "Connection reset")
