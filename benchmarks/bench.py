@@ -21,29 +21,21 @@ from pathlib import Path
 import torch
 
 import ddp_kit
+from ddp_kit.kernel.diagnose import failure_signs as signs
+from ddp_kit.kernel.torchrun import bare_torchrun as bare_torchrun_command
 from ddp_kit.kernel.torchrun import loopback_interface
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
-SIGNS = ("terminate called", "connectFullMesh", "Connection closed by peer", "Connection reset",
-         "SIGABRT", "Signals.SIGABRT", "Timed out", "Segmentation", "SIGSEGV")  # fmt: skip
 BARE_FAILURES: list[str] = []  # bare torchrun runs that failed and were retried
 
 
 def bare_command(script: Path, nproc: int, args: list[str]) -> tuple[list[str], dict]:
     """Plain torchrun on loopback: the command line and its environment."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME=loopback_interface(), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-               "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1",
-               str(script), *args]  # fmt: skip
-    return command, env
-
-
-def signs(text: str) -> str:
-    """The known failure signs found in a run's output, as one line."""
-    return ", ".join(sorted({s for s in SIGNS if s in text})) or "none"
+    return bare_torchrun_command(script, nproc, args), env
 
 
 def bare_torchrun(
@@ -244,8 +236,7 @@ def speedup(ranks: list[int]) -> dict:
 
 def notebook_suite() -> float:
     """Wall time of the nbval notebook suite (as the tests run it)."""
-    command = [sys.executable, "-m", "pytest", "-q", "--nbval", "--nbval-current-env",
-               "--nbval-sanitize-with", "notebooks/sanitize.cfg", "notebooks"]  # fmt: skip
+    command = [sys.executable, "-m", "pytest", "-q", "notebooks"]  # the README's test command
     start = time.time()
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
     return time.time() - start

@@ -1,50 +1,76 @@
 """ddp_kit: watch PyTorch DistributedDataParallel work, step by step, on real torchrun runs.
 
-Two process worlds, and the modules that live in each:
+Definitions (the vocabulary every module keeps to)
+--------------------------------------------------
+kernel   the notebook's Python process (a Jupyter kernel, or any Python program using the kit);
+         it starts runs and shows what they did.
+rank     one of the processes that run the student's code, numbered 0 .. world size - 1; torchrun
+         starts it and passes RANK, LOCAL_RANK and WORLD_SIZE. (WorkerError: a rank failed.)
+agent    the torchrun process of one node, which starts that node's ranks and watches them.
+node     one machine of a job; here every node is on 127.0.0.1 (--nnodes starts several agents).
+backend  the process group's communication library: "gloo" (CPU) or "nccl" (one GPU per rank).
+         worker.backend() is the string init_process_group takes for it.
+run      one torchrun job, with its private run directory (shared.contract gives its layout).
+launch   a one-shot run: ranks start, run a script (or a %%torchrun cell) and end.
+session  a run whose ranks stay up between cells (Session, %ranks); a cell runs in one
+         persistent namespace per rank.
+cell     code sent to a session's ranks (%%ranks), or the code of a %%torchrun launch.
+record   a value a rank saved with worker.record(name, value, step), read back as Records.
 
-Runs in the notebook kernel
-    launcher   launch(): one-shot torchrun job (%%torchrun)     session   live ranks (%%ranks)
-    output     rank-prefixed output, ordered or live            records   reading Records
-    result     RunResult                                        diagnose  failures -> messages
-    magic      %%torchrun and %ranks                            plots     figures of records
-    widgets    StepExplorer                                     exercises check functions
-    reference  the single-process run DDP must match         progress  a launch's status line
-Runs inside each rank (imported by the student's code)
-    worker     rank(), backend(), device(), record()            observe   DDP comm-hook recorder
-    scratch    data parallelism by hand                         toy       the lessons' data, model
-Process entry points
-    agent      torchrun that dies with the kernel               runner    a rank's bootstrap
-    rank_server  a live rank's loop: receive a cell, run it, answer
-Shared by both worlds
-    errors     the exceptions                                   records   the records format
-    failures   the rank failure report format                  processes no orphan processes
-    markers    a rank's started/completed markers
+Where each module runs (the path answers "does this run in the kernel or in the ranks?")
+-----------------------------------------------------------------------------------------
+In the ranks, imported by the students' code:
+    worker   rank(), backend(), device(), record()    observe  DDP comm-hook recorder
+    traffic  CollectiveCounter                          scratch  data parallelism by hand
+    toy      the lessons' data and models              speedup  epoch timing on n ranks
+In the notebook, imported by the lessons:
+    plots, comparisons  figures          widgets    StepExplorer        exercises  checks
+    reference  the one-process run       environment  this machine       facts  asserted facts
+kernel/   the kit's machinery in the kernel: launch, session, channel, magic, torchrun (plumbing),
+          output, progress, diagnose, result, script, backend
+rank/     what torchrun starts: agent (torchrun that dies with the kernel), runner (a rank's
+          bootstrap), server (a live rank's loop)
+shared/   what both sides read and write: contract (the seam: variables, run directory,
+          messages), records, failures, markers, errors, processes
+
+Modules that run in a rank never import kernel/ (a test checks it), and importing ddp_kit
+imports nothing else: the public names below load on first use.
 """
 
-from .kernel.backend import BackendChoice, choose_backend
-from .kernel.result import RunResult
-from .kernel.session import CellResult, Session
-from .kernel.torchrun import launch
-from .shared.errors import DDPKitError, LaunchConfigError, LaunchTimeout, RecordError, WorkerError
-from .shared.failures import RankFailure
-from .shared.records import Records
+from __future__ import annotations
 
-__all__ = [
-    "BackendChoice",
-    "CellResult",
-    "DDPKitError",
-    "LaunchConfigError",
-    "LaunchTimeout",
-    "RankFailure",
-    "RecordError",
-    "Records",
-    "RunResult",
-    "Session",
-    "WorkerError",
-    "choose_backend",
-    "launch",
-    "load_ipython_extension",
-]
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "BackendChoice": "kernel.backend",
+    "choose_backend": "kernel.backend",
+    "CellResult": "kernel.result",
+    "RunResult": "kernel.result",
+    "Session": "kernel.session",
+    "launch": "kernel.launch",
+    "DDPKitError": "shared.errors",
+    "LaunchConfigError": "shared.errors",
+    "LaunchTimeout": "shared.errors",
+    "RecordError": "shared.errors",
+    "WorkerError": "shared.errors",
+    "RankFailure": "shared.failures",
+    "Records": "shared.records",
+}
+
+__all__ = [*sorted(_PUBLIC), "load_ipython_extension"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'ddp_kit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
 
 
 def load_ipython_extension(ipython) -> None:

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from .shared.records import to_numpy
+
 ROUNDING = 1e-5  # float32 keeps 24 bits (about 6e-8 relative); 1e-5 leaves room for sums
 
 
 def _array(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # a torch tensor
-        value = value.detach().cpu().numpy()
-    return np.asarray(value, dtype=np.float64)
+    return np.asarray(to_numpy(value), dtype=np.float64)
 
 
 def _pair(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,8 @@
 """The student's API inside every rank: who am I (rank), which backend and device, record().
 
-The launcher sets DDP_KIT_* variables; outside a ddp_kit run these helpers fall back to the
-plain torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE) and gloo on CPU. (What prepares a
-rank before the student's code runs lives in ddp_kit.rank.runner.)
+The kernel sets the DDP_KIT_* variables of shared.contract; outside a ddp_kit run these helpers
+fall back to the plain torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE) and gloo on CPU.
+(What prepares a rank before the student's code runs lives in ddp_kit.rank.runner.)
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .shared import contract
 from .shared.records import RecordWriter
 
 _writer: RecordWriter | None = None
@@ -42,7 +43,7 @@ def backend() -> str:
 
 def _on_gpus() -> bool:
     """Whether the launcher chose nccl, one GPU per rank."""
-    return os.environ.get("DDP_KIT_BACKEND") == "nccl"
+    return os.environ.get(contract.BACKEND) == "nccl"
 
 
 def device():
@@ -50,7 +51,7 @@ def device():
     import torch
 
     if _on_gpus():
-        index = local_rank() + int(os.environ.get("DDP_KIT_DEVICE_OFFSET", "0"))
+        index = local_rank() + int(os.environ.get(contract.DEVICE_OFFSET, "0"))
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
@@ -66,7 +67,7 @@ def _record_writer() -> RecordWriter:
     """This rank's writer, created on first use together with the flush at exit."""
     global _writer
     if _writer is None:
-        directory = Path(os.environ.get("DDP_KIT_RECORD_DIR", "ddp_kit_records"))
+        directory = Path(os.environ.get(contract.RECORD_DIR, "ddp_kit_records"))
         _writer = RecordWriter(directory, rank())
         atexit.register(flush)
     return _writer

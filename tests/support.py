@@ -14,7 +14,7 @@ import time
 import psutil
 
 RUN_MARKER = "DDP_KIT_TEST_RUN"
-KIT_COMMANDS = ("ddp_kit.",)  # agents, ranks and helpers run `python -m ddp_kit....`
+KIT_COMMANDS = ("ddp_kit.rank.",)  # agents and ranks run `python -m ddp_kit.rank....`
 
 # Code that makes a child Python process stand in for a notebook kernel: like ipykernel while a
 # cell runs, SIGINT raises KeyboardInterrupt, even if this test run was started with SIGINT

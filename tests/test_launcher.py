@@ -132,18 +132,19 @@ def test_live_output_shows_every_line_as_it_arrives(capfd):
 
 def test_worker_backend_helpers_follow_the_launcher(monkeypatch):
     from ddp_kit import worker
+    from ddp_kit.shared import contract
 
-    monkeypatch.setenv("DDP_KIT_BACKEND", "gloo")
+    monkeypatch.setenv(contract.BACKEND, "gloo")
     assert (worker.backend(), str(worker.device()), worker.device_ids()) == ("gloo", "cpu", None)
-    monkeypatch.setenv("DDP_KIT_BACKEND", "nccl")
+    monkeypatch.setenv(contract.BACKEND, "nccl")
     assert worker.backend() == "cpu:gloo,cuda:nccl"
 
 
 def test_markers_are_read_back_by_stage(tmp_path, monkeypatch):
     """A started marker is not a completed one (their names share a suffix), and ranks sort."""
-    from ddp_kit.shared import markers
+    from ddp_kit.shared import contract, markers
 
-    monkeypatch.setenv("DDP_KIT_DONE_DIR", str(tmp_path))
+    monkeypatch.setenv(contract.MARKER_DIR, str(tmp_path))
     for rank in (10, 2, 0):
         markers.mark(markers.STARTED, rank)
     markers.mark(markers.COMPLETED, 2)

@@ -18,17 +18,19 @@ from support import KERNEL_SIGINT, kit_processes, wait_until_gone
 from test_session_live import SETUP
 
 import ddp_kit
-from ddp_kit.kernel.session import Session, _accept_ranks
+from ddp_kit.kernel.channel import accept_ranks
+from ddp_kit.kernel.session import Session
+from ddp_kit.shared.contract import Hello
 from ddp_kit.shared.errors import LaunchConfigError, SessionError
 
 
 def test_a_rank_stuck_in_a_collective_makes_the_session_restart():
     with Session(2, collective_timeout=60, cell_timeout=2, output="quiet") as session:
         session.run(SETUP + "kept = 1\n")
-        old = set(session._pids.values())
+        old = set(session.pids.values())
         with pytest.raises(SessionError, match="did not come back within 5 s.*was restarted"):
             session.run("if rank == 0:\n    dist.all_reduce(torch.ones(1))\n")
-        assert session.running and not old & set(session._pids.values())
+        assert session.running and not old & set(session.pids.values())
         assert session.run("1 + 1").stdout == ["2\n", "2\n"]
     assert wait_until_gone(5) == []
 
@@ -130,22 +132,17 @@ def test_two_sessions_at_once_do_not_collide():
     assert wait_until_gone(5) == []
 
 
-class _Running:
-    def running(self) -> bool:
-        return True
-
-
 def test_a_connection_without_the_key_is_refused_before_anything_is_read():
     listener = Listener(("127.0.0.1", 0), family="AF_INET", authkey=b"right key")
     results = {}
     thread = threading.Thread(
-        target=lambda: results.update(accepted=_accept_ranks(listener, 1, _Running(), 20))
+        target=lambda: results.update(accepted=accept_ranks(listener, 1, lambda: True, 20))
     )
     thread.start()
     with pytest.raises(Exception, match="digest"):
         Client(listener.address, family="AF_INET", authkey=b"wrong key")
     good = Client(listener.address, family="AF_INET", authkey=b"right key")
-    good.send(("hello", 0, 1234))
+    good.send(Hello(0, 1234))
     thread.join(20)
     listener.close()
     assert list(results["accepted"]) == [0] and results["accepted"][0][1] == 1234

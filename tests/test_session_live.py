@@ -97,7 +97,7 @@ def test_a_diverged_collective_is_explained_and_the_session_restarted(live):
 
 def test_only_loopback_listens_and_the_kernel_listens_on_nothing_after_start(live):
     assert not [c for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
-    for pid in live._pids.values():
+    for pid in live.pids.values():
         for conn in psutil.Process(pid).net_connections("inet"):
             if conn.status == "LISTEN":
                 assert conn.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), conn

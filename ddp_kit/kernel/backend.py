@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -60,3 +61,9 @@ def choose_backend(ranks: int, requested: str = "auto", gpus: int | None = None)
             fallback=True,
         )
     return BackendChoice("gloo", "cpu", "No CUDA GPU here: gloo on CPU.")
+
+
+def say_fallback(choice: BackendChoice) -> None:
+    """Say under the cell why the run uses gloo on CPU although there are GPUs (only then)."""
+    if choice.fallback:
+        print(f"[ddp_kit] {choice.reason}", file=sys.stderr)

@@ -8,10 +8,16 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..shared.failures import RankFailure
+from ..shared import contract
+from ..shared.failures import RankFailure, earliest
 from .result import RunResult
 
+# What a rank's error says when its collective waited for ranks that never came (gloo's timeout)
+# or a peer's process went away mid-collective.
 HANG_SIGNS = ("Timed out waiting", "timed out", "Connection closed by peer", "Connection reset")
+# Every failure sign that the stress run and the benchmark count launches by.
+FAILURE_SIGNS = (*HANG_SIGNS, "terminate called", "connectFullMesh", "SIGABRT", "Segmentation",
+                 "SIGSEGV")  # fmt: skip
 
 # Raised by init_process_group when gloo cannot connect every pair of ranks ("Gloo
 # connectFullMesh failed with ... Connection closed by peer"): seen about once in 200 launches
@@ -61,10 +67,10 @@ def explain_failures(failures: Sequence[RankFailure], together: bool = False) ->
     In a launch the others failed after it, as a consequence (torchrun stops them); in a live
     cell (`together`) each rank ran the cell on its own, so they failed too.
     """
-    root = min(failures, key=lambda f: f.time)
+    root = earliest(failures)
     others = sorted({f.rank for f in failures} - {root.rank})
     advice = []
-    if any(sign in root.message for sign in HANG_SIGNS):
+    if is_hang(root):
         advice.append(HANG_HELP)
     if others and together:
         kinds = sorted({f.type for f in failures if f.rank != root.rank})
@@ -77,6 +83,21 @@ def explain_failures(failures: Sequence[RankFailure], together: bool = False) ->
         root.traceback,
         root.rank,
     )
+
+
+def is_hang(failure: RankFailure) -> bool:
+    """Whether this failure is a collective that timed out (its process group is unusable)."""
+    return any(sign in failure.message for sign in HANG_SIGNS)
+
+
+def hung(failures: Sequence[RankFailure]) -> bool:
+    """Whether any rank's collective timed out."""
+    return any(is_hang(f) for f in failures)
+
+
+def failure_signs(text: str) -> str:
+    """The known failure signs found in a run's output, as one line ("none" if none)."""
+    return ", ".join(sorted({s for s in FAILURE_SIGNS if s in text})) or "none"
 
 
 def explain(result: RunResult, timeout: float) -> Explanation:
@@ -129,7 +150,7 @@ def connect_retry_note(failures: Sequence[RankFailure], printed: bool, again: st
     failure is the user's to see."""
     if printed or not failures:
         return None
-    root = min(failures, key=lambda f: f.time)
+    root = earliest(failures)
     joining = all("init_process_group" in f.traceback for f in failures)
     if CONNECT_SIGN not in root.message or not joining:
         return None
@@ -145,7 +166,7 @@ def say(note: str) -> None:
     """Show a note under the cell (stderr). With DDP_KIT_NOTES_FILE set (the test run) it is
     appended to that file instead, so compared notebook outputs stay the same; the test run
     prints the file at its end."""
-    notes_file = os.environ.get("DDP_KIT_NOTES_FILE")
+    notes_file = os.environ.get(contract.NOTES_FILE)
     if notes_file:
         with open(notes_file, "a", encoding="utf-8") as sink:
             sink.write(f"[ddp_kit] note: {note}\n")

@@ -14,8 +14,8 @@ import shlex
 from collections.abc import Callable
 
 from ..shared.errors import LaunchConfigError
+from .launch import launch
 from .output import OUTPUT_MODES
-from .torchrun import launch
 
 
 class MagicParser(argparse.ArgumentParser):
@@ -23,6 +23,13 @@ class MagicParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:
         raise LaunchConfigError(f"{self.prog}: {message}. Usage: {self.format_usage().strip()}")
+
+
+def variable_name(text: str) -> str:
+    """An argparse type: a flag naming the notebook variable that receives a result."""
+    if not text.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a variable name")
+    return text
 
 
 def default_of(function: Callable, name: str) -> object:
@@ -72,6 +79,7 @@ def torchrun_parser() -> MagicParser:
             "help": "seconds the whole run may take (default: %(default)s)",
         },
         ("--result",): {
+            "type": variable_name,
             "default": "last_run",
             "help": "variable that receives the RunResult (default: %(default)s)",
         },
@@ -91,8 +99,6 @@ def _options(args: argparse.Namespace, *not_passed: str) -> dict:
 def torchrun_magic(line: str, cell: str, namespace: dict) -> None:
     """Run `cell` with torchrun; store the RunResult in namespace[--result] (default last_run)."""
     args = torchrun_parser().parse_args(shlex.split(line))
-    if not args.result.isidentifier():
-        raise LaunchConfigError(f"%%torchrun: --result {args.result!r} is not a variable name.")
     try:
         result = launch(cell, **_options(args, "result"))
     except Exception as error:
@@ -114,6 +120,7 @@ def session_parser() -> MagicParser:
             "(default: %(default)s)",
         },
         ("--name",): {
+            "type": variable_name,
             "default": "session",
             "help": "variable that receives the Session (default: %(default)s)",
         },
@@ -135,6 +142,7 @@ def cell_parser() -> MagicParser:
     )
     parser.add_argument(
         "--result",
+        type=variable_name,
         default="last_cell",
         help="variable that receives the CellResult (default: %(default)s)",
     )
@@ -166,7 +174,7 @@ class RanksMagic:
 
     def __call__(self, line: str, cell: str | None = None) -> None:
         if cell is not None:
-            self.run_cell(line, cell)
+            self.cell(line, cell)
             return
         command, *rest = shlex.split(line) or ["status"]
         actions = {"start": self.start, "stop": self.stop, "restart": self.restart,
@@ -186,8 +194,6 @@ class RanksMagic:
                 f"%ranks start: {self.session.world_size} live ranks are already running. "
                 "Use %ranks restart for fresh ones, or %ranks stop first."
             )
-        if not args.name.isidentifier():
-            raise LaunchConfigError(f"%ranks start: --name {args.name!r} is not a variable name.")
         self.session = Session(**_options(args, "name"))
         self.namespace[args.name] = self.session
         print(
@@ -207,10 +213,8 @@ class RanksMagic:
     def status(self, _argv: list[str]) -> None:
         print(self.session.status() if self.session else "No live ranks: %ranks start -n 4")
 
-    def run_cell(self, line: str, cell: str) -> None:
+    def cell(self, line: str, cell: str) -> None:
         args = cell_parser().parse_args(shlex.split(line))
-        if not args.result.isidentifier():
-            raise LaunchConfigError(f"%%ranks: --result {args.result!r} is not a variable name.")
         session = self._require()
         try:
             self.namespace[args.result] = session.run(cell, args.on)

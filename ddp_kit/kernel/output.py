@@ -59,7 +59,7 @@ class RankPrinter:
                 self.lines[key].append(partial)
                 self.partial[key] = ""
 
-    def finish(self) -> None:
+    def show_rest(self) -> None:
         """Take the unfinished last lines too, and show everything not shown yet."""
         self.end_lines()
         for stream in STREAMS:
@@ -148,7 +148,7 @@ class RankOutput(RankPrinter):
         self.files = {}
         self.end_lines()
 
-    def finish(self) -> None:
+    def show_rest(self) -> None:
         """Read the rest, then show everything not shown yet, in rank order."""
         self.read_rest()
-        super().finish()
+        super().show_rest()

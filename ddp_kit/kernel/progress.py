@@ -1,8 +1,8 @@
 """A one-line status while a launch starts (torchrun, rendezvous, `import torch` take 10-15 s
 on a laptop before a rank prints anything), updated in place in JupyterLab.
 
-Shown only in a Jupyter kernel, and never under pytest/nbval or with DDP_KIT_PROGRESS=0, so
-notebook outputs stay the same run to run.
+Shown only in a Jupyter kernel, and not with DDP_KIT_PROGRESS=0 (set by the test run and by
+./kit refresh, so the outputs nbval compares never hold it).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+from ..shared import contract
 from ..shared.markers import STARTED, ranks_marked
 from .output import RankOutput
 
@@ -19,7 +20,7 @@ UPDATE_SECONDS = 0.5
 
 def wanted() -> bool:
     """Whether this process is a Jupyter kernel that should show progress."""
-    if os.environ.get("DDP_KIT_PROGRESS") == "0" or "PYTEST_CURRENT_TEST" in os.environ:
+    if os.environ.get(contract.PROGRESS) == "0":
         return False
     try:
         from IPython import get_ipython
@@ -33,9 +34,11 @@ class LaunchProgress:
     """Counts ranks started (torchrun created their logs: rendezvous is done) and ranks
     running the script (the runner marked them), and shows it with the elapsed time."""
 
-    def __init__(self, shown: RankOutput, done_dir: Path, world_size: int, enabled: bool) -> None:
-        self.shown = shown
-        self.done_dir = Path(done_dir)
+    def __init__(
+        self, output: RankOutput, marker_dir: Path, world_size: int, enabled: bool
+    ) -> None:
+        self.output = output
+        self.marker_dir = Path(marker_dir)
         self.world_size = world_size
         self.start = time.monotonic()
         self.last = 0.0
@@ -53,15 +56,15 @@ class LaunchProgress:
         self.last = now
         self.handle.update(self._text())
 
-    def finish(self, summary: str) -> None:
+    def end(self, summary: str) -> None:
         """Replace the line with a summary of the run."""
         if self.handle is not None:
             self.handle.update(_Line(f"[ddp_kit] {summary}"))
 
     def _text(self) -> _Line:
         elapsed = time.monotonic() - self.start
-        started = self.shown.ranks_started()
-        running = len(ranks_marked(self.done_dir, STARTED))
+        started = self.output.ranks_started()
+        running = len(ranks_marked(self.marker_dir, STARTED))
         if not started:
             state = "torchrun is starting (rendezvous on 127.0.0.1)"
         else:

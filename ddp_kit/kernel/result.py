@@ -1,11 +1,11 @@
-"""RunResult: what a launch returns (exit status, per-rank output, failures, records)."""
+"""What a launch returns (RunResult) and what a live cell returns (CellResult)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..shared.failures import RankFailure
+from ..shared.failures import RankFailure, earliest
 from ..shared.records import Records
 
 
@@ -52,7 +52,7 @@ class RunResult:
     @property
     def root_cause(self) -> RankFailure | None:
         """The first failure reported (the others usually follow from it)."""
-        return min(self.failures, key=lambda f: f.time) if self.failures else None
+        return earliest(self.failures)
 
     def __repr__(self) -> str:
         status = "ok" if self.ok else f"FAILED (exit code {self.returncode})"
@@ -61,3 +61,29 @@ class RunResult:
             f"<RunResult {status}: {self.world_size} ranks, {self.backend} on {self.device}, "
             f"records: {names}>"
         )
+
+
+@dataclass
+class CellResult:
+    """What one cell did on the live ranks. stdout/stderr are indexed by rank."""
+
+    ranks: list[int]
+    stdout: list[str]
+    stderr: list[str]
+    failures: list[RankFailure] = field(default_factory=list)
+    duration: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no rank raised."""
+        return not self.failures
+
+    @property
+    def root_cause(self) -> RankFailure | None:
+        """The first failure reported."""
+        return earliest(self.failures)
+
+    def __repr__(self) -> str:
+        status = "ok" if self.ok else f"FAILED on ranks {sorted(f.rank for f in self.failures)}"
+        return f"<CellResult {status}: ranks {self.ranks}, {self.duration:.3f} s>"

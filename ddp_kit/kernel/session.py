@@ -1,74 +1,44 @@
 """Session: live ranks that stay up between cells, so a class can stop between forward,
 backward, all-reduce and the optimizer step and look at every rank's tensors.
 
-    kernel: Session ── listens on 127.0.0.1:<free port>, random key per session
-      └─ agent per node (torchrun, started by the launcher's pieces)
+    kernel: Session ── channel.Channel: 127.0.0.1:<free port>, a random key per session
+      └─ agent per node (torchrun, as for a launch)
            └─ rank: ddp_kit.rank.runner -> ddp_kit.rank.server, connects back, authenticated
 
 Each cell is sent to the chosen ranks and run there in one namespace per rank; output comes
 back as it is printed and is shown like launch()'s (ordered or live). The student still calls
 init_process_group and builds DDP in the cells: that is the lesson.
+
+When something stops a cell (its time limit, the kernel's interrupt, a rank's process ending)
+or a collective timed out, one policy, `_recover`, decides whether the ranks can be kept, and
+the message says what happened and what is lost.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
-import secrets
 import shutil
-import socket
-import sys
-import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
-from ..rank.server import ADDRESS, KEY_FILE
+from ..shared import contract
+from ..shared.contract import Exit, Flush, Pull, PullFailed, RunCell
 from ..shared.errors import CellError, SessionError
 from ..shared.failures import RankFailure
 from ..shared.records import Records
 from . import diagnose
-from .backend import choose_backend
+from .backend import choose_backend, say_fallback
+from .channel import INTERRUPT_GRACE, Channel, Stop
 from .output import RankOutput, RankPrinter
+from .result import CellResult
 from .script import write_script
-from .torchrun import Agents, log_roots, make_run_dir, torchrun_commands, validate, worker_env
+from .torchrun import Agents, log_roots, make_run_dir, rank_env, torchrun_commands, validate
 
 SERVER = "from ddp_kit.rank.server import serve\n\nserve()\n"
 START_TIMEOUT = 180.0  # torchrun, `import torch` and DDP's imports on every rank
-HELLO_TIMEOUT = 10.0
-INTERRUPT_GRACE = 5.0  # how long interrupted ranks have to answer before a restart
 CLOSE_GRACE = 15.0
-POLL_SECONDS = 0.05
-
-
-@dataclass
-class CellResult:
-    """What one cell did on the live ranks. stdout/stderr are indexed by rank."""
-
-    ranks: list[int]
-    stdout: list[str]
-    stderr: list[str]
-    failures: list[RankFailure] = field(default_factory=list)
-    duration: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """True when no rank raised."""
-        return not self.failures
-
-    @property
-    def root_cause(self) -> RankFailure | None:
-        """The first failure reported."""
-        return min(self.failures, key=lambda f: f.time) if self.failures else None
-
-    def __repr__(self) -> str:
-        status = "ok" if self.ok else f"FAILED on ranks {sorted(f.rank for f in self.failures)}"
-        return f"<CellResult {status}: ranks {self.ranks}, {self.duration:.3f} s>"
-
 
 RESTARTED = (
     "The session was restarted: fresh ranks, and every variable, model and process group of "
@@ -77,27 +47,9 @@ RESTARTED = (
 RESTARTED_AFTER_HANG = (
     "A collective timed out, and a process group cannot be trusted after that. " + RESTARTED
 )
+KEPT = "The session is still running; every rank's variables are kept."
 
-
-class _Stop(Exception):
-    """A cell was stopped; `reason` says why and which ranks were interrupted."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class _TimedOut(_Stop):
-    """The cell passed cell_timeout."""
-
-
-class _Interrupted(_Stop):
-    """The kernel was interrupted (Jupyter's stop button) while the cell ran."""
-
-
-def _hung(found: list[RankFailure]) -> bool:
-    """Whether a rank's collective timed out (its process group is then unusable)."""
-    return any(sign in f.message for f in found for sign in diagnose.HANG_SIGNS)
+__all__ = ["CellResult", "Session"]
 
 
 class Session:
@@ -125,8 +77,7 @@ class Session:
         self._fresh = False  # no cell has run on these ranks yet
         self.started_at = 0.0
         self.start_seconds = 0.0
-        self._conns: dict[int, Connection] = {}
-        self._pids: dict[int, int] = {}
+        self._channel = Channel()
         self._agents: Agents | None = None
         self._run_dir: Path | None = None
         atexit.register(self.close)
@@ -144,40 +95,40 @@ class Session:
         """Whether the ranks are up."""
         return self._agents is not None and self._agents.running()
 
+    @property
+    def pids(self) -> dict[int, int]:
+        """Every rank's process id."""
+        return dict(self._channel.pids)
+
     def start(self) -> None:
         """Start torchrun with a rank server on every rank; wait until every rank connects."""
         if self._agents is not None:
             raise SessionError("This session is already running: close() or restart() it.")
-        if self.choice.fallback:
-            print(f"[ddp_kit] {self.choice.reason}", file=sys.stderr)
+        say_fallback(self.choice)
         begin = time.perf_counter()
         self._run_dir = run_dir = make_run_dir()
-        key = secrets.token_bytes(32)
-        key_file = run_dir / "session.key"
-        key_file.touch(mode=0o600)
-        key_file.write_bytes(key)
-        listener = Listener(("127.0.0.1", 0), family="AF_INET", authkey=key, backlog=64)
+        self._channel = Channel()
+        key_file = self._channel.write_key(run_dir / contract.KEY_FILE)
+        listener = self._channel.listen()
         host, port = listener.address
         script = write_script(run_dir, SERVER)
-        commands = torchrun_commands(script, self.nproc, self.nnodes, run_dir / "logs")
-        env = worker_env(run_dir, self.choice.backend, self.collective_timeout, self.env)
-        env.update({ADDRESS: f"{host}:{port}", KEY_FILE: str(key_file)})
-        self._agents = Agents.start(commands, env, self.nproc)
+        commands = torchrun_commands(script, self.nproc, self.nnodes, run_dir / contract.LOGS)
+        env = rank_env(run_dir, self.choice.backend, self.collective_timeout, self.env)
+        env.update({contract.SESSION_ADDRESS: f"{host}:{port}",
+                    contract.SESSION_KEY_FILE: str(key_file)})  # fmt: skip
+        self._agents = agents = Agents.start(commands, env, self.nproc)
         try:
-            accepted = _accept_ranks(listener, self.world_size, self._agents, START_TIMEOUT)
+            connected = self._channel.accept(listener, self.world_size, agents.running,
+                                             START_TIMEOUT)  # fmt: skip
         except BaseException:
             self._discard()
             raise
         finally:
             listener.close()
-        if len(accepted) < self.world_size:
-            for conn, _ in accepted.values():
-                conn.close()
-            why = self._startup_failure(len(accepted))
+        if connected < self.world_size:
+            why = self._startup_failure(connected)
             self._discard()
             raise SessionError(why)
-        self._conns = {rank: conn for rank, (conn, _) in accepted.items()}
-        self._pids = {rank: pid for rank, (_, pid) in accepted.items()}
         self.started_at = time.time()
         self.start_seconds = time.perf_counter() - begin
         self._fresh = True
@@ -186,14 +137,12 @@ class Session:
         """Stop every rank and agent (the ranks leave their process group first)."""
         if self._agents is None:
             return
-        for conn in self._conns.values():
+        for rank in list(self._channel.conns):
             try:
-                conn.send(("exit",))
+                self._channel.send([rank], Exit())
             except OSError:
                 pass
-        deadline = time.monotonic() + CLOSE_GRACE
-        while self._agents.running() and time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)
+        self._agents.wait(CLOSE_GRACE)
         self._discard()
 
     def restart(self) -> None:
@@ -211,7 +160,7 @@ class Session:
         """One line: how many ranks, backend, their pids, cells run."""
         if not self.running:
             return "No live ranks (start them with %ranks start, or Session())."
-        pids = ", ".join(f"{r}: {p}" for r, p in sorted(self._pids.items()))
+        pids = ", ".join(f"{r}: {p}" for r, p in sorted(self._channel.pids.items()))
         up = time.time() - self.started_at
         return (
             f"{self.world_size} live ranks, {self.choice.backend} on {self.choice.device}, "
@@ -240,7 +189,7 @@ class Session:
         name = f"<cell {self.cells_run}>"
         compile(code, name, "exec")  # a syntax error is shown here, before any rank runs it
         fresh, self._fresh = self._fresh, False
-        result, stop, printer = self._run_cell(name, code, targets)
+        result, stop, printer = self._run_once(name, code, targets)
         retry_note = None
         if fresh and stop is None and len(targets) == self.world_size:
             again = "the ranks were restarted and the cell run again"
@@ -249,17 +198,14 @@ class Session:
             self.restart()
             diagnose.say(retry_note)
             self._fresh = False
-            result, stop, printer = self._run_cell(name, code, targets)
+            result, stop, printer = self._run_once(name, code, targets)
             result.notes.append(retry_note)
-        printer.finish()
-        notes = [stop.reason] if stop else []
-        if _hung(result.failures):
-            self.restart()
-            notes.append(RESTARTED_AFTER_HANG)
-        elif stop:
-            notes.append("The session is still running; every rank's variables are kept.")
-        if isinstance(stop, _Interrupted):
+        printer.show_rest()
+        notes = self._recover(stop, result.failures)
+        if stop is not None and stop.kind == "interrupt":
             raise KeyboardInterrupt("\n".join(notes))
+        if stop is not None and (stop.stuck or stop.lost is not None):
+            raise SessionError(" ".join(notes))
         if result.failures and (check or stop):
             explanation = diagnose.explain_failures(result.failures, together=True)
             message = "\n\n".join([*notes, explanation.message])
@@ -267,22 +213,40 @@ class Session:
             raise CellError(message, result, rendered)
         return result
 
-    def _run_cell(
+    def pull(self, name: str, ranks: Iterable[int] | None = None) -> list[Any]:
+        """The value of variable `name` on every rank (tensors as numpy arrays), rank order."""
+        targets = self._targets(ranks)
+        replies = self._request(targets, Pull(name))
+        found = [RankFailure(**r.failure) for r in replies.values() if isinstance(r, PullFailed)]
+        if found:
+            explanation = diagnose.explain_failures(found)
+            raise CellError(explanation.message, None, explanation.rendered("CellError"))
+        return [replies[rank].value for rank in targets]
+
+    @property
+    def records(self) -> Records:
+        """What record() saved on the ranks so far, as launch()'s RunResult.records."""
+        self._request(self._targets(None), Flush())
+        assert self._run_dir is not None
+        return Records.load(self._run_dir / contract.RECORDS, self.world_size)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _run_once(
         self, name: str, code: str, targets: list[int]
-    ) -> tuple[CellResult, _Stop | None, RankPrinter]:
+    ) -> tuple[CellResult, Stop | None, RankPrinter]:
         """Run the cell once; what it printed is kept, and shown so far only as the output
-        mode shows it live (the caller finishes the printer)."""
+        mode shows it live (the caller shows the rest)."""
         printer = RankPrinter(targets, self.output)
         begin = time.perf_counter()
-        for rank in targets:
-            self._conns[rank].send(("run", name, code))
+        self._channel.send(targets, RunCell(name, code))
         try:
-            replies, stop = self._collect(targets, printer)
+            replies, stop = self._channel.collect(targets, printer.write, self.cell_timeout)
         except BaseException:
-            printer.finish()
+            printer.show_rest()
             raise
         printer.end_lines()
-        found = [RankFailure(**reply[1]) for reply in replies.values() if reply[1] is not None]
+        found = [RankFailure(**reply.failure) for reply in replies.values() if reply.failure]
         result = CellResult(
             targets,
             [printer.text(r, "stdout") if r in targets else "" for r in range(self.world_size)],
@@ -292,24 +256,27 @@ class Session:
         )
         return result, stop, printer
 
-    def pull(self, name: str, ranks: Iterable[int] | None = None) -> list[Any]:
-        """The value of variable `name` on every rank (tensors as numpy arrays), rank order."""
-        targets = self._targets(ranks)
-        replies = self._request(targets, ("pull", name))
-        found = [RankFailure(**r[1]) for r in replies.values() if r[0] == "done"]
-        if found:
-            explanation = diagnose.explain_failures(found)
-            raise CellError(explanation.message, None, explanation.rendered("CellError"))
-        return [replies[rank][1] for rank in targets]
-
-    @property
-    def records(self) -> Records:
-        """What record() saved on the ranks so far, as launch()'s RunResult.records."""
-        self._request(self._targets(None), ("flush",))
-        assert self._run_dir is not None
-        return Records.load(self._run_dir / "records", self.world_size)
-
-    # -- internals --------------------------------------------------------------------------
+    def _recover(self, stop: Stop | None, found: list[RankFailure]) -> list[str]:
+        """The one restart policy: ranks whose state cannot be trusted are replaced by fresh
+        ones. Returns the notes that say what happened and what is kept or lost."""
+        if stop is not None and stop.lost is not None:
+            codes = self._exit_codes()
+            self._discard()
+            self.start()
+            return [f"{stop.reason} ({codes}); torchrun then stopped every rank. " + RESTARTED]
+        if stop is not None and stop.stuck:
+            self._discard()  # stuck ranks cannot answer an exit message: stop them at once
+            self.start()
+            return [
+                f"{stop.reason} Ranks {stop.stuck} did not come back within "
+                f"{INTERRUPT_GRACE:g} s (a rank blocked in a collective only returns at its "
+                "collective_timeout). " + RESTARTED
+            ]
+        notes = [stop.reason] if stop is not None else []
+        if diagnose.hung(found):
+            self.restart()
+            return [*notes, RESTARTED_AFTER_HANG]
+        return [*notes, KEPT] if stop is not None else notes
 
     def _targets(self, ranks: Iterable[int] | None) -> list[int]:
         if not self.running:
@@ -317,7 +284,7 @@ class Session:
                 self._discard()
             raise SessionError("No live ranks: start them with `%ranks start -n 4` or Session().")
         targets = sorted(set(range(self.world_size) if ranks is None else ranks))
-        bad = [r for r in targets if r not in self._conns]
+        bad = [r for r in targets if r not in self._channel.conns]
         if bad or not targets:
             raise SessionError(
                 f"ranks {bad or '[]'}: choose ranks from 0 to {self.world_size - 1}."
@@ -326,90 +293,19 @@ class Session:
 
     def _request(self, targets: list[int], message: tuple) -> dict[int, tuple]:
         """Send `message` to `targets` and return their replies (no output is shown)."""
-        for rank in targets:
-            self._conns[rank].send(message)
-        replies, stop = self._collect(targets, RankPrinter(targets, "quiet"))
-        if isinstance(stop, _Interrupted):
-            raise KeyboardInterrupt(stop.reason)
-        if stop:
-            raise SessionError(stop.reason)
-        return replies
-
-    def _collect(
-        self, targets: list[int], printer: RankPrinter
-    ) -> tuple[dict[int, tuple], _Stop | None]:
-        """Each target's reply, showing output meanwhile. At the time limit or an interrupt,
-        the busy ranks are interrupted; if they do not answer, the session restarts."""
-        pending = {self._conns[rank]: rank for rank in targets}
-        replies: dict[int, tuple] = {}
-        deadline = time.monotonic() + self.cell_timeout
-        try:
-            while pending:
-                self._receive(pending, replies, printer)
-                if time.monotonic() > deadline:
-                    raise _TimedOut(f"The cell passed its cell_timeout of {self.cell_timeout:g} s")
-        except (KeyboardInterrupt, _TimedOut) as caught:
-            stop = (
-                caught
-                if isinstance(caught, _TimedOut)
-                else _Interrupted("The cell was interrupted")
-            )
-            busy = sorted(pending.values())
-            for rank in busy:
-                _interrupt(self._pids[rank])
-            stop.reason += f"; ranks {busy} were interrupted."
-            grace = time.monotonic() + INTERRUPT_GRACE
-            try:
-                while pending and time.monotonic() < grace:
-                    self._receive(pending, replies, printer)
-            except KeyboardInterrupt:
-                pass
-            if pending:
-                printer.finish()
-                self._restart_stuck(stop, sorted(pending.values()))
-            return replies, stop
-        return replies, None
-
-    def _receive(
-        self, pending: dict[Connection, int], replies: dict[int, tuple], printer: RankPrinter
-    ) -> None:
-        for conn in wait(list(pending), POLL_SECONDS):
-            rank = pending[conn]
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                raise self._lost(rank) from None
-            if message[0] == "out":
-                printer.write(rank, message[1], message[2])
-            else:
-                replies[rank] = message
-                del pending[conn]
-
-    def _restart_stuck(self, stop: _Stop, stuck: list[int]) -> None:
-        """Ranks that ignore the interrupt (blocked in a collective): start afresh, say so."""
-        self._discard()  # they cannot answer an exit message: stop them straight away
-        self.start()
-        message = (
-            f"{stop.reason} Ranks {stuck} did not come back within {INTERRUPT_GRACE:g} s (a "
-            "rank blocked in a collective only returns at its collective_timeout). " + RESTARTED
-        )
-        if isinstance(stop, _Interrupted):
-            raise KeyboardInterrupt(message)
-        raise SessionError(message)
-
-    def _lost(self, rank: int) -> SessionError:
-        """A rank's process ended: torchrun stops the others, so start afresh and say so."""
-        codes = self._exit_codes()
-        self.restart()
-        return SessionError(
-            f"Rank {rank}'s process ended ({codes}); torchrun then stopped every rank. " + RESTARTED
-        )
+        self._channel.send(targets, message)
+        quiet = RankPrinter(targets, "quiet")
+        replies, stop = self._channel.collect(targets, quiet.write, self.cell_timeout)
+        if stop is None:
+            return replies
+        notes = " ".join(self._recover(stop, []))
+        if stop.kind == "interrupt":
+            raise KeyboardInterrupt(notes)
+        raise SessionError(notes)
 
     def _exit_codes(self) -> str:
         assert self._agents is not None
-        deadline = time.monotonic() + CLOSE_GRACE
-        while self._agents.running() and time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)
+        self._agents.wait(CLOSE_GRACE)
         log = self._agents.log
         if "exitcode" in log:
             lines = [line.strip() for line in log.splitlines() if "exitcode" in line]
@@ -419,7 +315,7 @@ class Session:
     def _startup_failure(self, connected: int) -> str:
         assert self._agents is not None and self._run_dir is not None
         logs = RankOutput(log_roots(self._run_dir, self.nnodes), self.nproc, "quiet")
-        logs.finish()
+        logs.show_rest()
         stderr = [logs.text(rank, "stderr") for rank in range(self.world_size)]
         agent_tail = "\n".join(self._agents.log.splitlines()[-5:])
         return (
@@ -432,62 +328,7 @@ class Session:
         """Stop whatever is left of the processes; forget connections and the run directory."""
         if self._agents is not None:
             self._agents.stop()
-        for conn in self._conns.values():
-            conn.close()
+        self._channel.close()
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
-        self._agents, self._run_dir, self._conns, self._pids = None, None, {}, {}
-
-
-def _interrupt(pid: int) -> None:
-    try:
-        os.kill(pid, 2)  # SIGINT: a KeyboardInterrupt inside the cell
-    except ProcessLookupError:
-        pass
-
-
-def _accept_ranks(
-    listener: Listener, world: int, agents: Agents, timeout: float
-) -> dict[int, tuple[Connection, int]]:
-    """Accept authenticated connections until every rank said hello, torchrun ended, or the
-    time is up. A connection without the key fails authentication and is dropped unread."""
-    accepted: dict[int, tuple[Connection, int]] = {}
-    done = threading.Event()
-
-    def accept() -> None:
-        while len(accepted) < world and not done.is_set():
-            try:
-                conn = listener.accept()  # the key is checked both ways here
-            except Exception:  # AuthenticationError (a stranger), or the wake-up connection
-                continue
-            try:
-                if done.is_set() or not conn.poll(HELLO_TIMEOUT):
-                    raise EOFError
-                kind, rank, pid = conn.recv()
-            except Exception:
-                conn.close()
-                continue
-            if kind == "hello" and isinstance(rank, int) and 0 <= rank < world:
-                accepted[rank] = (conn, pid)
-
-    thread = threading.Thread(target=accept, name="ddp_kit-accept", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    try:
-        while thread.is_alive() and agents.running() and time.monotonic() < deadline:
-            thread.join(POLL_SECONDS)
-    finally:
-        if thread.is_alive():
-            done.set()
-            _wake(listener.address)
-            thread.join(2)
-    return accepted
-
-
-def _wake(address: tuple[str, int]) -> None:
-    """Unblock the accepting thread with a connection that will fail authentication."""
-    try:
-        with socket.create_connection(address, timeout=1):
-            pass
-    except OSError:
-        pass
+        self._agents, self._run_dir = None, None

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .. import worker
-from ..shared import failures, markers
+from ..shared import contract, failures, markers
 from ..shared.processes import die_with_parent
 
 _script: str | None = None
@@ -29,10 +29,10 @@ def main() -> None:
     sys.path[0] = str(Path(script).resolve().parent)  # as `python script.py`: its own folder
     bootstrap(script)
     namespace = runpy.run_path(script, run_name="__main__")
-    finish(namespace)
+    end_rank(namespace)
 
 
-def finish(namespace: dict) -> None:
+def end_rank(namespace: dict) -> None:
     """The script returned: save its records, mark the rank completed, free what the script
     built while the interpreter is fully alive, then exit without the interpreter's teardown.
 
@@ -70,12 +70,12 @@ def bootstrap(script: str | None = None) -> None:
 
 def collective_timeout() -> timedelta:
     """How long a collective waits for the other ranks before raising (set by the launcher)."""
-    return timedelta(seconds=float(os.environ.get("DDP_KIT_COLLECTIVE_TIMEOUT", "1800")))
+    return timedelta(seconds=float(os.environ.get(contract.COLLECTIVE_TIMEOUT, "1800")))
 
 
 def shorten_default_collective_timeout() -> None:
     """Make init_process_group's default timeout the launcher's, so a hang becomes an error."""
-    if "DDP_KIT_COLLECTIVE_TIMEOUT" not in os.environ:
+    if contract.COLLECTIVE_TIMEOUT not in os.environ:
         return
     import torch.distributed.distributed_c10d as c10d
 
@@ -88,11 +88,11 @@ def _report_exception(
     kind: type[BaseException], error: BaseException, tb: TracebackType | None
 ) -> None:
     """Write the uncaught exception for the launcher, and a one-line notice to stderr."""
-    error_dir = os.environ.get("DDP_KIT_ERROR_DIR")
+    error_dir = os.environ.get(contract.ERROR_DIR)
     if error_dir is None:
         sys.__excepthook__(kind, error, tb)
         return
-    failures.write_report(error_dir, failures.describe(worker.rank(), error, tb, _script))
+    failures.write_report(error_dir, failures.from_exception(worker.rank(), error, tb, _script))
     # sys.__stderr__: init_process_group wraps the excepthook and would prefix "[rankN]:".
     notice = f"{kind.__name__}: {error}  (traceback in the launch error)"
     print(notice, file=sys.__stderr__, flush=True)

@@ -3,12 +3,7 @@
 This is the script a Session's torchrun starts on every rank (through ddp_kit.rank.runner, so the
 rank still dies with its agent and has the short collective timeout). The channel is a
 multiprocessing connection on 127.0.0.1, authenticated both ways with the session's key
-before any message is read. Messages from the kernel:
-
-    ("run", name, code)   run code; reply ("done", failure or None); output streams meanwhile
-    ("pull", name)        reply ("value", the variable, tensors as numpy) or ("done", failure)
-    ("flush",)            write this rank's records; reply ("flushed",)
-    ("exit",)             leave the process group and end
+before any message is read; the messages, both ways, are shared.contract's table.
 """
 
 from __future__ import annotations
@@ -27,10 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from .. import worker
-from ..shared import failures
-
-KEY_FILE = "DDP_KIT_SESSION_KEY_FILE"
-ADDRESS = "DDP_KIT_SESSION_ADDRESS"
+from ..shared import contract, failures
+from ..shared.contract import (
+    CellDone,
+    Exit,
+    Flush,
+    Flushed,
+    Hello,
+    Output,
+    Pull,
+    PullFailed,
+    RunCell,
+    Value,
+)
+from ..shared.records import to_numpy
 
 
 class Channel:
@@ -61,7 +66,7 @@ class ChannelWriter(io.TextIOBase):
 
     def write(self, text: str) -> int:
         if text:
-            self.channel.send(("out", self.stream, text))
+            self.channel.send(Output(self.stream, text))
         return len(text)
 
 
@@ -88,14 +93,14 @@ def preimport() -> None:
 
 def connect() -> Channel:
     """Open the authenticated channel to the kernel and say who this rank is."""
-    host, port = os.environ[ADDRESS].rsplit(":", 1)
-    key = Path(os.environ[KEY_FILE]).read_bytes()
+    host, port = os.environ[contract.SESSION_ADDRESS].rsplit(":", 1)
+    key = Path(os.environ[contract.SESSION_KEY_FILE]).read_bytes()
     channel = Channel(Client((host, int(port)), family="AF_INET", authkey=key))
-    channel.send(("hello", worker.rank(), os.getpid()))
+    channel.send(Hello(worker.rank(), os.getpid()))
     return channel
 
 
-def run_cell(name: str, code: str, namespace: dict[str, Any]) -> None:
+def run_in_namespace(name: str, code: str, namespace: dict[str, Any]) -> None:
     """Run `code` in `namespace`, as a notebook cell: a last expression's value is printed."""
     linecache.cache[name] = (len(code), None, code.splitlines(keepends=True), name)
     tree = ast.parse(code, filename=name)
@@ -108,14 +113,13 @@ def run_cell(name: str, code: str, namespace: dict[str, Any]) -> None:
 
 
 def pullable(value: Any) -> Any:
-    """A value to send to the kernel: tensors become numpy arrays (on the CPU)."""
-    if hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
+    """A value to send to the kernel: tensors become numpy arrays (on the CPU), in lists,
+    tuples and dicts too."""
     if isinstance(value, (list, tuple)):
         return type(value)(pullable(v) for v in value)
     if isinstance(value, dict):
         return {k: pullable(v) for k, v in value.items()}
-    return value
+    return to_numpy(value)
 
 
 def serve() -> None:
@@ -131,32 +135,36 @@ def serve() -> None:
             message = channel.connection.recv()
         except (EOFError, OSError):
             break  # the kernel is gone
-        kind = message[0]
-        if kind == "exit":
+        if isinstance(message, Exit):
             break
-        if kind == "flush":
+        if isinstance(message, Flush):
             worker.flush()
-            channel.send(("flushed",))
+            channel.send(Flushed())
             continue
-        interrupts.running = True
-        try:
-            if kind == "run":
-                run_cell(message[1], message[2], namespace)
-                reply: tuple = ("done", None)
-            else:  # pull
-                reply = ("value", pullable(namespace[message[1]]))
-        except BaseException as error:  # noqa: BLE001  the cell's error is the kernel's to show
-            if isinstance(error, KeyError) and kind == "pull":
-                error = NameError(f"name {message[1]!r} is not defined on this rank")
-            start = message[1] if kind == "run" else None
-            tb = failures.drop_trailing(error.__traceback__, __file__)  # the SIGINT handler
-            failure = failures.describe(worker.rank(), error, tb, start)
-            reply = ("done", asdict(failure))
-        finally:
-            interrupts.running = False
-            sys.stdout.flush()
-        channel.send(reply)
+        channel.send(answer(message, namespace, interrupts))
     _leave(channel)
+
+
+def answer(
+    message: RunCell | Pull, namespace: dict[str, Any], interrupts: CellInterrupts
+) -> tuple:
+    """Run a cell or look up a variable, interruptibly; the reply to send."""
+    interrupts.running = True
+    try:
+        if isinstance(message, RunCell):
+            run_in_namespace(message.name, message.code, namespace)
+            return CellDone(None)
+        return Value(pullable(namespace[message.name]))
+    except BaseException as error:  # noqa: BLE001  the cell's error is the kernel's to show
+        if isinstance(error, KeyError) and isinstance(message, Pull):
+            error = NameError(f"name {message.name!r} is not defined on this rank")
+        start = message.name if isinstance(message, RunCell) else None
+        tb = failures.drop_trailing(error.__traceback__, __file__)  # the SIGINT handler
+        failure = asdict(failures.from_exception(worker.rank(), error, tb, start))
+        return CellDone(failure) if isinstance(message, RunCell) else PullFailed(failure)
+    finally:
+        interrupts.running = False
+        sys.stdout.flush()
 
 
 def _leave(channel: Channel) -> None:

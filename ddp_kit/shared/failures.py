@@ -25,7 +25,7 @@ class RankFailure:
     time: float
 
 
-def describe(
+def from_exception(
     rank: int, error: BaseException, tb: TracebackType | None, start_file: str | None = None
 ) -> RankFailure:
     """A RankFailure for `error`; the traceback starts at the frames of `start_file`, if given."""
@@ -52,6 +52,11 @@ def drop_trailing(tb: TracebackType | None, filename: str) -> TracebackType | No
             break
         entry = entry.tb_next
     return tb
+
+
+def earliest(failures: list[RankFailure]) -> RankFailure | None:
+    """The failure reported first (the others often follow from it), or None."""
+    return min(failures, key=lambda f: f.time) if failures else None
 
 
 def write_report(error_dir: Path, failure: RankFailure) -> Path:

@@ -16,9 +16,10 @@ import time
 
 import psutil
 
+from .contract import NO_PDEATHSIG
+
 PR_SET_PDEATHSIG = 1
 WATCH_SECONDS = 0.5
-NO_PDEATHSIG = "DDP_KIT_NO_PDEATHSIG"  # set to 1 to rely on the watchdog alone (tests, macOS)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

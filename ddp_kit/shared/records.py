@@ -20,10 +20,16 @@ from .errors import RecordError
 FORMAT_VERSION = 1
 
 
+def to_numpy(value: Any) -> Any:
+    """A torch tensor (on any device) as a numpy array; anything else as it is."""
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return value
+
+
 def to_storable(value: Any) -> tuple[str, Any]:
     """Return ("array", ndarray) for numbers/tensors, or ("json", value) for strings and dicts."""
-    if hasattr(value, "detach"):  # a torch tensor, on any device
-        value = value.detach().cpu().numpy()
+    value = to_numpy(value)
     if isinstance(value, (str, dict)) or value is None:
         return "json", _json_ready(value)
     array = np.asarray(value)

@@ -1,0 +1,191 @@
+"""launch(): run a script on N ranks under torchrun, on loopback, and collect what happened.
+
+Each run gets a private run directory (shared.contract gives its layout), and three things are
+read back from it:
+
+    logs/     each rank's stdout/stderr (torchrun --redirects) -> output.RankOutput -> the cell
+    records/  what record() saved, npz + JSON per rank          -> shared.records.Records
+    errors/   a report per rank that raised                    -> diagnose -> WorkerError
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..shared import contract, failures
+from ..shared.errors import LaunchTimeout, WorkerError
+from ..shared.markers import COMPLETED, ranks_marked
+from ..shared.records import Records
+from . import diagnose
+from .backend import choose_backend, say_fallback
+from .output import RankOutput
+from .progress import LaunchProgress
+from .progress import wanted as progress_wanted
+from .result import RunResult
+from .script import Script, write_script
+from .torchrun import (
+    POLL_SECONDS,
+    Agents,
+    log_roots,
+    make_run_dir,
+    rank_env,
+    torchrun_commands,
+    validate,
+)
+
+
+def launch(
+    script: Script,
+    nproc: int = 2,
+    *,
+    args: Sequence[str] = (),
+    nnodes: int = 1,
+    backend: str = "auto",
+    timeout: float = 300.0,
+    collective_timeout: float = 60.0,
+    output: str = "ordered",
+    env: Mapping[str, str] | None = None,
+    keep_run_dir: bool = False,
+    check: bool = True,
+) -> RunResult:
+    """Run `script` (code text, a .py path or a function) on `nproc` ranks with torchrun.
+
+    `args` are passed to the script (its sys.argv[1:]). nnodes > 1 starts that many torchrun
+    agents on this machine, as if each were a node of a cluster, all on 127.0.0.1. A failure
+    raises WorkerError naming the rank (unless check=False); `timeout` bounds the whole run,
+    `collective_timeout` each collective. A job whose ranks failed only because gloo could not
+    connect them in init_process_group, before any printed, runs once more, with a note.
+    """
+    validate(nproc, nnodes, timeout, collective_timeout, output)
+    choice = choose_backend(nproc * nnodes, backend)
+    say_fallback(choice)
+    job = Job(
+        script=script,
+        nproc=nproc,
+        nnodes=nnodes,
+        args=list(map(str, args)),
+        backend=choice.backend,
+        device=choice.device,
+        timeout=timeout,
+        collective_timeout=collective_timeout,
+        output=output,
+        env=dict(env or {}),
+        keep_run_dir=keep_run_dir,
+    )
+    result, ranks_output = job.run()
+    retry_note = diagnose.launch_retry_note(result)
+    if retry_note:  # its stdout was empty and its stderr is not shown: the note says it all
+        diagnose.say(retry_note)
+        result, ranks_output = job.run()
+        result.notes.insert(0, retry_note)
+    ranks_output.show_rest()
+    note = diagnose.teardown_note(result)
+    if note:
+        result.notes.append(note)
+        diagnose.say(note)
+    if result.interrupted:
+        raise KeyboardInterrupt(diagnose.explain(result, timeout).message)
+    if check and not result.ok:
+        error = LaunchTimeout if result.timed_out else WorkerError
+        explanation = diagnose.explain(result, timeout)
+        raise error(explanation.message, result, explanation.rendered(error.__name__))
+    return result
+
+
+@dataclass(frozen=True)
+class Job:
+    """One launch's settings; run() starts it afresh (in a new run directory) each time."""
+
+    script: Script
+    nproc: int
+    nnodes: int
+    args: list[str]
+    backend: str
+    device: str
+    timeout: float
+    collective_timeout: float
+    output: str
+    env: dict[str, str]
+    keep_run_dir: bool
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    def run(self) -> tuple[RunResult, RankOutput]:
+        """Run the job once. Returns its result and its output, of which only rank 0's
+        stdout has been shown so far (in "ordered" mode): `show_rest()` shows the rest."""
+        run_dir = make_run_dir()
+        try:
+            path = write_script(run_dir, self.script)
+            commands = torchrun_commands(path, self.nproc, self.nnodes, run_dir / contract.LOGS,
+                                         self.args)  # fmt: skip
+            output = RankOutput(log_roots(run_dir, self.nnodes), self.nproc, self.output)
+            enabled = self.output != "quiet" and progress_wanted()
+            progress = LaunchProgress(output, run_dir / contract.MARKERS, self.world_size, enabled)
+            start = time.perf_counter()
+            environment = rank_env(run_dir, self.backend, self.collective_timeout, self.env)
+            agents = Agents.start(commands, environment, self.nproc)
+            outcome = self._watch(agents, output, progress)
+            duration = time.perf_counter() - start
+            output.read_rest()
+            progress.end(f"{self.world_size} ranks ran for {duration:.1f} s")
+            result = RunResult(
+                nproc=self.nproc,
+                nnodes=self.nnodes,
+                backend=self.backend,
+                device=self.device,
+                returncode=outcome.returncode,
+                duration=duration,
+                stdout=[output.text(r, "stdout") for r in range(self.world_size)],
+                stderr=[output.text(r, "stderr") for r in range(self.world_size)],
+                records=Records.load(run_dir / contract.RECORDS, self.world_size),
+                failures=failures.read_reports(run_dir / contract.ERRORS),
+                timed_out=outcome.timed_out,
+                interrupted=outcome.interrupted,
+                script=path.read_text(),
+                agent_log=outcome.agent_log,
+                commands=commands,
+                run_dir=run_dir if self.keep_run_dir else None,
+                completed=ranks_marked(run_dir / contract.MARKERS, COMPLETED),
+            )
+        finally:
+            if not self.keep_run_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        return result, output
+
+    def _watch(
+        self, agents: Agents, output: RankOutput, progress: LaunchProgress
+    ) -> AgentsOutcome:
+        """Show output and progress until the agents end; stop everything on timeout or
+        interrupt."""
+        timed_out = interrupted = False
+        deadline = time.monotonic() + self.timeout
+        try:
+            while agents.running():
+                output.poll()
+                progress.update()
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            agents.stop()
+        return AgentsOutcome(agents.returncode, agents.log, timed_out, interrupted)
+
+
+@dataclass(frozen=True)
+class AgentsOutcome:
+    """How a launch's agents ended."""
+
+    returncode: int
+    agent_log: str
+    timed_out: bool
+    interrupted: bool
+
+

@@ -1,0 +1,111 @@
+"""The seam between the two process worlds: everything that crosses from the kernel to the ranks
+and back, named once. (Vocabulary: ddp_kit's package docstring, "Definitions".)
+
+Environment variables, set by the kernel for every agent and rank
+------------------------------------------------------------------
+DDP_KIT_BACKEND             the run's backend choice, "gloo" or "nccl" (worker.backend() turns
+                            it into init_process_group's string)
+DDP_KIT_COLLECTIVE_TIMEOUT  seconds a collective waits for the other ranks before it raises
+                            (the runner makes it init_process_group's default timeout)
+DDP_KIT_DEVICE_OFFSET       the index of this node's first GPU (agents on one machine share it)
+DDP_KIT_RECORD_DIR          where record() saves this run's records     (run directory/records)
+DDP_KIT_ERROR_DIR           where a rank that raised writes its report  (run directory/errors)
+DDP_KIT_MARKER_DIR          where the runner leaves a rank's markers    (run directory/markers)
+DDP_KIT_SESSION_ADDRESS     host:port a live rank connects back to (sessions only)
+DDP_KIT_SESSION_KEY_FILE    the file holding the session's key (sessions only)
+
+Switches, set by a user or a test run, and read where they act
+--------------------------------------------------------------
+DDP_KIT_PROGRESS=0          no status line while a launch starts (kernel)
+DDP_KIT_NOTES_FILE=PATH     notes go to this file instead of under the cell (kernel)
+DDP_KIT_NO_PDEATHSIG=1      no Linux parent-death signal: the portable watchdog alone (ranks)
+
+The run directory: one per launch or session, private (mode 0700)
+-----------------------------------------------------------------
+script.py        the code torchrun runs on every rank (unless launch() was given a .py file)
+session.key      a session's key (mode 0600)
+logs/node<N>/    torchrun's --log-dir of node N: <id>/attempt_<k>/<local rank>/{stdout,stderr}.log
+records/         rank<R>.json and rank<R>.npz: what rank R recorded (shared.records)
+errors/          rank<R>.json: rank R's uncaught exception, a RankFailure (shared.failures)
+markers/         started-rank<R>: R is bootstrapped and starts the script;
+                 completed-rank<R>: R's script returned and its records are saved
+
+Messages of a live session: a multiprocessing connection on 127.0.0.1, authenticated both ways
+with the session's key before anything is read
+--------------------------------------------------------------------------------------------
+kernel -> rank          rank -> kernel
+                        Hello(rank, pid)               once, on connecting
+RunCell(name, code)     Output(stream, text) ...       while the cell runs, as it prints
+                        CellDone(failure)              failure: a RankFailure's fields, or None
+Pull(name)              Value(value)                   tensors as numpy arrays
+                        PullFailed(failure)            no such variable, or it cannot be sent
+Flush()                 Flushed()                      the rank's records are on disk
+Exit()                  (the connection closes)        the rank leaves its process group, ends
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+BACKEND = "DDP_KIT_BACKEND"
+COLLECTIVE_TIMEOUT = "DDP_KIT_COLLECTIVE_TIMEOUT"
+DEVICE_OFFSET = "DDP_KIT_DEVICE_OFFSET"
+RECORD_DIR = "DDP_KIT_RECORD_DIR"
+ERROR_DIR = "DDP_KIT_ERROR_DIR"
+MARKER_DIR = "DDP_KIT_MARKER_DIR"
+SESSION_ADDRESS = "DDP_KIT_SESSION_ADDRESS"
+SESSION_KEY_FILE = "DDP_KIT_SESSION_KEY_FILE"
+
+PROGRESS = "DDP_KIT_PROGRESS"
+NOTES_FILE = "DDP_KIT_NOTES_FILE"
+NO_PDEATHSIG = "DDP_KIT_NO_PDEATHSIG"
+
+SCRIPT_FILE = "script.py"
+KEY_FILE = "session.key"
+LOGS, RECORDS, ERRORS, MARKERS = "logs", "records", "errors", "markers"
+STARTED, COMPLETED = "started-rank", "completed-rank"
+
+
+# kernel -> rank
+class RunCell(NamedTuple):
+    name: str
+    code: str
+
+
+class Pull(NamedTuple):
+    name: str
+
+
+class Flush(NamedTuple):
+    pass
+
+
+class Exit(NamedTuple):
+    pass
+
+
+# rank -> kernel
+class Hello(NamedTuple):
+    rank: int
+    pid: int
+
+
+class Output(NamedTuple):
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
+class CellDone(NamedTuple):
+    failure: dict[str, Any] | None
+
+
+class Value(NamedTuple):
+    value: Any
+
+
+class PullFailed(NamedTuple):
+    failure: dict[str, Any]
+
+
+class Flushed(NamedTuple):
+    pass
