@@ -5,6 +5,7 @@ and every child it starts see them: notebook kernels, torchrun agents and ranks.
 - DDP_KIT_TEST_RUN: a marker unique to this run; the orphan check counts only processes that
   carry it (tests/support.py).
 - PYTHONHASHSEED=0: set and dict orders in notebook outputs are the same every run.
+- DDP_KIT_PROGRESS=0: no launch status line in the outputs nbval compares.
 - DDP_KIT_NOTES_FILE: launch notes (a launch retried after gloo failed to connect, a crash
   after the work was done) go to artifacts/launch-notes.txt instead of into the outputs nbval
   compares; the file is printed at the end of the run.
@@ -37,6 +38,7 @@ CPU_KERNELS = {
 def _configure() -> None:
     os.environ.setdefault("DDP_KIT_TEST_RUN", secrets.token_hex(8))
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ.setdefault("DDP_KIT_PROGRESS", "0")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DDP_KIT_NOTES_FILE", str(ARTIFACTS / "launch-notes.txt"))
     choice = os.environ.setdefault("DDP_KIT_CPU_KERNELS", "default")

@@ -58,7 +58,7 @@ def lab(tmp_path_factory):
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     token, port = secrets.token_hex(16), free_port()
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(work / ".settings"))
-    env.pop("PYTEST_CURRENT_TEST", None)  # a kernel as a student has it: launch progress shown
+    env["DDP_KIT_PROGRESS"] = "1"  # a kernel as a student has it: launch progress shown
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
          "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
