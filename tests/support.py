@@ -9,9 +9,16 @@ checkout's session or a second test run has another marker or none, and is never
 from __future__ import annotations
 
 import os
+import re
 import time
+from pathlib import Path
 
 import psutil
+
+import ddp_kit
+
+WORKERS = Path(__file__).parent / "workers"  # the scripts the topic tests launch
+KIT_DIR = str(Path(ddp_kit.__file__).parent)
 
 RUN_MARKER = "DDP_KIT_TEST_RUN"
 KIT_COMMANDS = ("ddp_kit.rank.",)  # agents and ranks run `python -m ddp_kit.rank....`
@@ -46,3 +53,20 @@ def wait_until_gone(seconds: float = 5.0) -> list[str]:
     while kit_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
     return [f"{p.pid} {' '.join(p.cmdline()[:6])}" for p in kit_processes()]
+
+
+def kit_frames(traceback: str) -> list[str]:
+    """The traceback's frames that are the kit's own code (a student should see none)."""
+    return [line for line in traceback.splitlines()
+            if re.match(r'\s*File "', line) and KIT_DIR in line]  # fmt: skip
+
+
+# The first lines of a live-session cell that takes part in collectives.
+SETUP = """
+import time
+import torch
+import torch.distributed as dist
+from ddp_kit.worker import backend, record
+dist.init_process_group(backend())
+rank = dist.get_rank()
+"""

@@ -28,7 +28,7 @@ ARTIFACTS = ROOT / os.environ.get("DDP_KIT_ARTIFACTS", "artifacts") / "browser"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.torchrun]
 
 
 def _require_browser():

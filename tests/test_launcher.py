@@ -8,6 +8,8 @@ import pytest
 import ddp_kit
 from ddp_kit import LaunchConfigError, WorkerError
 
+pytestmark = pytest.mark.torchrun
+
 HELLO = """
 import os
 import torch
@@ -67,13 +69,16 @@ def test_unknown_record_name_lists_what_exists(hello4):
 
 
 def test_failing_rank_is_named_with_its_traceback():
-    code = HELLO + "\nif rank == 1:\n    raise ValueError('rank one is broken')\n"
-    code = code.replace("dist.destroy_process_group()\n", "") + "dist.barrier()\n"
+    code = (
+        "import torch.distributed as dist\nfrom ddp_kit.worker import backend\n"
+        "dist.init_process_group(backend())\nif dist.get_rank() == 1:\n"
+        "    raise ValueError('rank one is broken')\ndist.barrier()\n"
+    )
     with pytest.raises(WorkerError) as caught:
         ddp_kit.launch(code, nproc=2, output="quiet")
     message = str(caught.value)
     assert message.startswith("Rank 1 failed with ValueError: rank one is broken")
-    assert "Traceback (most recent call last)" in message and "worker.py" in message
+    assert "Traceback (most recent call last)" in message and "script.py" in message
     result = caught.value.result
     assert not result.ok and result.root_cause.rank == 1
     assert "ValueError: rank one is broken  (traceback in the launch error)" in result.stderr[1]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,17 @@ def test_importing_the_rank_api_loads_no_kernel_module():
     code = f"import sys, {modules}\nprint({found})"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_every_module_ships_in_the_wheel(tmp_path):
+    source = tmp_path / "source"  # a copy: building leaves build/ and *.egg-info beside it
+    shutil.copytree(PACKAGE, source / "ddp_kit", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(PACKAGE.parent / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--wheel-dir", str(tmp_path), str(source)],
+                   check=True, capture_output=True)  # fmt: skip
+    (wheel,) = tmp_path.glob("ddp_kit-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name for name in archive.namelist() if name.endswith(".py")}
+    assert shipped == {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")}

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from support import kit_frames
 
 from ddp_kit import LaunchConfigError, WorkerError
+
+pytestmark = pytest.mark.torchrun
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +70,6 @@ def test_a_failure_renders_as_the_rank_traceback_without_kit_frames(shell):
         shell.run_cell_magic("torchrun", "-n 1 --output quiet", "x = 1\nraise KeyError('gone')\n")
     rendered = "\n".join(caught.value._render_traceback_())
     assert rendered.startswith("WorkerError: rank 0 failed; its traceback")
-    assert 'worker.py", line 2, in <module>' in rendered
-    assert "launcher.py" not in rendered and "runner.py" not in rendered
+    assert 'script.py", line 2, in <module>' in rendered
+    assert kit_frames(rendered) == []
     assert rendered.count("KeyError: 'gone'") == 1

@@ -14,10 +14,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import KERNEL_SIGINT, kit_processes, wait_until_gone
+from support import KERNEL_SIGINT, WORKERS, kit_processes, wait_until_gone
 
 import ddp_kit
 from ddp_kit import LaunchConfigError, LaunchTimeout, WorkerError
+
+pytestmark = pytest.mark.torchrun
 
 SLEEPER = "import time\ntime.sleep(120)\n"
 
@@ -81,10 +83,13 @@ def test_killed_launcher_leaves_no_orphans(guard):
 
 
 def test_two_launches_at_once_do_not_collide():
-    code = "from ddp_kit.worker import rank, record\nrecord('tag', TAG * 10 + rank())\n"
+    code = (
+        "import sys\nfrom ddp_kit.worker import rank, record\n"
+        "record('tag', int(sys.argv[1]) * 10 + rank())\n"
+    )
     with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda tag: ddp_kit.launch(code.replace("TAG", str(tag)), nproc=2,
-                                                        output="quiet"), [1, 2]))  # fmt: skip
+        runs = list(pool.map(lambda tag: ddp_kit.launch(code, nproc=2, args=[tag], output="quiet"),
+                             [1, 2]))  # fmt: skip
     assert [r.records["tag"].tolist() for r in runs] == [[[10, 11]], [[20, 21]]]
 
 
@@ -151,32 +156,7 @@ def test_files_a_script_left_open_are_complete_after_the_run(tmp_path):
     assert path.read_text() == "every line\n" * 1000
 
 
-# Rank 1's init_process_group fails where gloo raises when it cannot connect the ranks (the
-# ProcessGroupGloo constructor), with gloo's message: the transient failure, on demand.
-CONNECT_FAILURE = textwrap.dedent("""
-    import os, pathlib, sys
-    import torch, torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-    from ddp_kit.worker import backend, rank, record
-    folder, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
-    if rank() == 0:
-        with open(folder / "runs.txt", "a") as runs:
-            runs.write(os.environ["DDP_KIT_RECORD_DIR"] + "\\n")
-        if mode == "print":
-            print("rank 0 starts")
-    if rank() == 1 and (mode == "always" or not (folder / "failed").exists()):
-        (folder / "failed").touch()
-        def cannot_connect(*args, **kwargs):
-            raise RuntimeError("Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_"
-                               "party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by "
-                               "peer [127.0.0.1]:22410")
-        c10d.ProcessGroupGloo = cannot_connect
-    dist.init_process_group(backend())
-    total = torch.ones(1)
-    dist.all_reduce(total)
-    record("total", total)
-    dist.destroy_process_group()
-""")
+CONNECT_FAILURE = WORKERS / "connect_failure.py"
 
 
 def launches(folder) -> int:
@@ -217,9 +197,8 @@ def test_a_connect_failure_in_a_fresh_session_restarts_it_and_runs_the_cell_agai
     notes = tmp_path / "notes.txt"
     monkeypatch.setenv("DDP_KIT_NOTES_FILE", str(notes))
     first_cell = (
-        CONNECT_FAILURE.replace("sys.argv[1]", repr(str(tmp_path)))
-        .replace("sys.argv[2]", "'once'")
-        .replace("dist.destroy_process_group()", "")  # the process group stays, as in class
+        f"import sys\nsys.path.insert(0, {str(WORKERS)!r})\nfrom connect_failure import main\n"
+        f"total = main({str(tmp_path)!r}, 'once', keep_group=True)\n"
     )
     with ddp_kit.Session(2, collective_timeout=3, cell_timeout=60, output="quiet") as session:
         result = session.run(first_cell)

@@ -14,14 +14,15 @@ from multiprocessing.connection import Client, Listener
 import numpy as np
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from support import KERNEL_SIGINT, kit_processes, wait_until_gone
-from test_session_live import SETUP
+from support import KERNEL_SIGINT, SETUP, kit_processes, wait_until_gone
 
 import ddp_kit
 from ddp_kit.kernel.channel import accept_ranks
 from ddp_kit.kernel.session import Session
 from ddp_kit.shared.contract import Hello
 from ddp_kit.shared.errors import LaunchConfigError, SessionError
+
+pytestmark = pytest.mark.torchrun
 
 
 def test_a_rank_stuck_in_a_collective_makes_the_session_restart():

@@ -6,19 +6,12 @@ import time
 
 import psutil
 import pytest
-from support import wait_until_gone
+from support import SETUP, kit_frames, wait_until_gone
 
 from ddp_kit import Session
 from ddp_kit.shared.errors import CellError
 
-SETUP = """
-import time
-import torch
-import torch.distributed as dist
-from ddp_kit.worker import backend, record
-dist.init_process_group(backend())
-rank = dist.get_rank()
-"""
+pytestmark = pytest.mark.torchrun
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +49,7 @@ def test_an_exception_names_the_rank_and_the_session_stays_usable(live):
     message = str(caught.value)
     assert message.startswith("Rank 1 failed with ValueError: rank one is broken")
     assert 'File "<cell' in message and "line 3, in <module>" in message
-    assert "rank_server" not in message  # no frame of the kit
+    assert kit_frames(message) == []
     rendered = "\n".join(caught.value._render_traceback_())
     assert rendered.count("ValueError: rank one is broken") == 1  # once: its traceback's end
     assert caught.value.result.failures[0].rank == 1

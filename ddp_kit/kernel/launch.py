@@ -157,9 +157,7 @@ class Job:
                 shutil.rmtree(run_dir, ignore_errors=True)
         return result, output
 
-    def _watch(
-        self, agents: Agents, output: RankOutput, progress: LaunchProgress
-    ) -> AgentsOutcome:
+    def _watch(self, agents: Agents, output: RankOutput, progress: LaunchProgress) -> AgentsOutcome:
         """Show output and progress until the agents end; stop everything on timeout or
         interrupt."""
         timed_out = interrupted = False
@@ -187,5 +185,3 @@ class AgentsOutcome:
     agent_log: str
     timed_out: bool
     interrupted: bool
-
-

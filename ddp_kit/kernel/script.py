@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from ..shared.contract import SCRIPT_FILE
 from ..shared.errors import LaunchConfigError
 
 Script = str | Path | Callable[[], object]
@@ -28,10 +29,11 @@ def script_source(script: str | Callable[[], object]) -> str:
 
 
 def write_script(directory: Path, script: Script) -> Path:
-    """The file to run: an existing .py file as it is, else the code written to worker.py."""
+    """The file to run: an existing .py file as it is, else the code written to
+    the run directory's script file (contract.SCRIPT_FILE)."""
     if _is_path(script):
         return _existing_file(Path(script)).resolve()
-    path = Path(directory) / "worker.py"
+    path = Path(directory) / SCRIPT_FILE
     path.write_text(script_source(script))
     return path
 

@@ -145,9 +145,7 @@ def serve() -> None:
     _leave(channel)
 
 
-def answer(
-    message: RunCell | Pull, namespace: dict[str, Any], interrupts: CellInterrupts
-) -> tuple:
+def answer(message: RunCell | Pull, namespace: dict[str, Any], interrupts: CellInterrupts) -> tuple:
     """Run a cell or look up a variable, interruptibly; the reply to send."""
     interrupts.running = True
     try:

@@ -1,0 +1,24 @@
+"""bfloat16 autocast under DDP on a real 2-rank run."""
+
+from __future__ import annotations
+
+import pytest
+from support import WORKERS
+
+import ddp_kit
+
+pytestmark = pytest.mark.torchrun
+
+
+@pytest.fixture(scope="module")
+def run():
+    return ddp_kit.launch(WORKERS / "autocast.py", nproc=2, output="quiet")
+
+
+def test_autocast_computes_in_bf16_and_all_reduces_float32(run):
+    records = run.records
+    assert records.get("autocast/out_dtype", 0, 0) == "torch.bfloat16"
+    assert records.get("autocast/grad_dtype", 0, 0) == "torch.float32"
+    assert records.get("autocast/sent_dtypes", 0, 0) == "float32"
+    buckets = records.get("autocast/buckets", 0, 0)["buckets"]
+    assert {b["dtype"] for b in buckets} == {"float32"}
