@@ -178,6 +178,7 @@ def live_ranks(ranks: list[int], cells: int, launches: int) -> dict:
             session.run(LIVE_SETUP)
             first_ddp = _timed(lambda s=session: s.run(LIVE_DDP))
             trivial = [_timed(lambda s=session: s.run("pass")) for _ in range(cells)]
+            printing = [_timed(lambda s=session: s.run("print(1)")) for _ in range(cells)]
             step = [_timed(lambda s=session: s.run(LIVE_STEP)) for _ in range(cells)]
         fresh = [
             _timed(
@@ -189,6 +190,7 @@ def live_ranks(ranks: list[int], cells: int, launches: int) -> dict:
             "session_start_s": started,
             "first_ddp_s": first_ddp,
             "trivial_cell_ms": 1e3 * statistics.median(trivial),
+            "printing_cell_ms": 1e3 * statistics.median(printing),
             "ddp_step_cell_ms": 1e3 * statistics.median(step),
             "fresh_launch_s": statistics.median(fresh),
             "speedup": statistics.median(fresh) / statistics.median(step),
@@ -282,6 +284,7 @@ def report(res: dict) -> str:
     for nproc, r in res["live"].items():
         lines.append(f"{nproc} ranks: session start {r['session_start_s']:.2f} s, first DDP "
                      f"{r['first_ddp_s']:.3f} s, trivial cell {r['trivial_cell_ms']:.1f} ms, "
+                     f"printing cell {r['printing_cell_ms']:.1f} ms, "
                      f"DDP step cell {r['ddp_step_cell_ms']:.1f} ms, fresh launch "
                      f"{r['fresh_launch_s']:.2f} s: x{r['speedup']:.0f}")  # fmt: skip
     lines.append("== TinyNet steps per second at a fixed global batch ==")

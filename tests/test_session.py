@@ -3,7 +3,9 @@ two sessions, the channel's key and the magics."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,7 +21,7 @@ from support import KERNEL_SIGINT, SETUP, kit_processes, wait_until_gone
 import ddp_kit
 from ddp_kit.kernel.channel import accept_ranks
 from ddp_kit.kernel.session import Session
-from ddp_kit.shared.contract import Hello
+from ddp_kit.shared.contract import Hello, send_at_once
 from ddp_kit.shared.errors import LaunchConfigError, SessionError
 
 pytestmark = pytest.mark.torchrun
@@ -147,7 +149,15 @@ def test_a_connection_without_the_key_is_refused_before_anything_is_read():
     thread.join(20)
     listener.close()
     assert list(results["accepted"]) == [0] and results["accepted"][0][1] == 1234
+    assert nagle_off(results["accepted"][0][0])  # the kernel's end sends each message at once
+    assert not nagle_off(good) and nagle_off(send_at_once(good))  # and the rank's end
     good.close()
+
+
+def nagle_off(connection) -> bool:
+    """Whether TCP_NODELAY is set on the connection's socket."""
+    with socket.socket(fileno=os.dup(connection.fileno())) as sock:
+        return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 
-from ..shared.contract import Hello, Output
+from ..shared.contract import Hello, Output, send_at_once
 
 HELLO_TIMEOUT = 10.0
 INTERRUPT_GRACE = 5.0  # how long interrupted ranks have to answer
@@ -183,7 +183,7 @@ def accept_ranks(
                 conn.close()
                 continue
             if isinstance(hello, Hello) and 0 <= hello.rank < world:
-                accepted[hello.rank] = (conn, hello.pid)
+                accepted[hello.rank] = (send_at_once(conn), hello.pid)
             else:
                 conn.close()
 

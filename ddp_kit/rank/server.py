@@ -95,7 +95,9 @@ def connect() -> Channel:
     """Open the authenticated channel to the kernel and say who this rank is."""
     host, port = os.environ[contract.SESSION_ADDRESS].rsplit(":", 1)
     key = Path(os.environ[contract.SESSION_KEY_FILE]).read_bytes()
-    channel = Channel(Client((host, int(port)), family="AF_INET", authkey=key))
+    channel = Channel(
+        contract.send_at_once(Client((host, int(port)), family="AF_INET", authkey=key))
+    )
     channel.send(Hello(worker.rank(), os.getpid()))
     return channel
 

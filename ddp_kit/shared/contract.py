@@ -41,10 +41,14 @@ Pull(name)              Value(value)                   tensors as numpy arrays
                         PullFailed(failure)            no such variable, or it cannot be sent
 Flush()                 Flushed()                      the rank's records are on disk
 Exit()                  (the connection closes)        the rank leaves its process group, ends
+Both ends send each message at once (TCP_NODELAY, `send_at_once`).
 """
 
 from __future__ import annotations
 
+import os
+import socket
+from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 BACKEND = "DDP_KIT_BACKEND"
@@ -109,3 +113,15 @@ class PullFailed(NamedTuple):
 
 class Flushed(NamedTuple):
     pass
+
+
+def send_at_once(connection: Connection) -> Connection:
+    """Turn Nagle's algorithm off on a session connection, so each message leaves at once.
+
+    With it on, a cell that prints sends Output then CellDone: the second small write waits for
+    the first one's ACK, which the other end delays (Linux: up to 40 ms). Cells run back to back
+    (Run All, nbval) then took 44 ms each instead of 2-3 ms.
+    """
+    with socket.socket(fileno=os.dup(connection.fileno())) as sock:  # the same socket
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return connection
