@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
+from support import WORKERS
 
 import ddp_kit
 from ddp_kit import LaunchConfigError, WorkerError
@@ -83,6 +86,26 @@ def test_failing_rank_is_named_with_its_traceback():
     assert not result.ok and result.root_cause.rank == 1
     assert "ValueError: rank one is broken  (traceback in the launch error)" in result.stderr[1]
 
+
+
+def test_the_same_error_on_every_rank_is_each_ranks_own():
+    with pytest.raises(WorkerError) as caught:
+        ddp_kit.launch("import no_such_module\n", nproc=2, output="quiet")
+    message = str(caught.value)
+    assert "failed too: ModuleNotFoundError" in message or len(caught.value.result.failures) == 1
+    assert "consequence" not in message and "collective" not in message
+
+
+def test_a_script_that_sets_its_own_master_port_is_told_it_missed_the_rendezvous():
+    with socket.socket() as probe:  # a free port: nobody listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(WorkerError) as caught:
+        ddp_kit.launch(WORKERS / "master_port.py", nproc=2, args=[port], collective_timeout=3,
+                       output="quiet")  # fmt: skip
+    message = str(caught.value)
+    assert f"could not reach the rendezvous store at localhost:{port}" in message
+    assert "MASTER_PORT" in message and "A collective" not in message
 
 def test_function_worker_and_check_false():
     def worker():

@@ -24,6 +24,9 @@ FAILURE_SIGNS = (*HANG_SIGNS, "terminate called", "connectFullMesh", "SIGABRT", 
 # on loopback, never twice in a row.
 CONNECT_SIGN = "connectFullMesh"
 
+# A rank's TCPStore client that found nobody at the rendezvous address (c10d's message).
+STORE_SIGN = re.compile(r"while trying to connect to \(([^,]+), (\d+)\)")
+
 SOURCE_TAG = re.compile(r"\[(?:\.\.)?/\S+:\d+\] ")  # gloo's "[/path/to/file.cc:78] " prefix
 
 HANG_HELP = (
@@ -61,27 +64,49 @@ class Explanation:
         return lines + (["", self.advice] if self.advice else [])
 
 
-def explain_failures(failures: Sequence[RankFailure], together: bool = False) -> Explanation:
-    """The earliest failure, with advice for hangs and the other ranks that failed.
+def explain_failures(failures: Sequence[RankFailure]) -> Explanation:
+    """The earliest failure, with advice for hangs, and what the other ranks did.
 
-    In a launch the others failed after it, as a consequence (torchrun stops them); in a live
-    cell (`together`) each rank ran the cell on its own, so they failed too.
+    Another rank whose error is a lost or timed-out collective failed as a consequence (its
+    peer was gone or never came); one with any other error failed too, on its own (every rank
+    runs the same code, so an import error or a bug fails each of them).
     """
     root = earliest(failures)
-    others = sorted({f.rank for f in failures} - {root.rank})
-    advice = []
-    if is_hang(root):
-        advice.append(HANG_HELP)
-    if others and together:
-        kinds = sorted({f.type for f in failures if f.rank != root.rank})
-        advice.append(f"(Rank(s) {', '.join(map(str, others))} failed too: {', '.join(kinds)}.)")
-    elif others:
-        advice.append(f"(Rank(s) {', '.join(map(str, others))} failed after it, as a consequence.)")
+    others = [f for f in sorted(failures, key=lambda f: f.rank) if f.rank != root.rank]
+    advice = [rendezvous_help(root) or (HANG_HELP if is_hang(root) else "")]
+    too = [f for f in others if not is_hang(f)]
+    after = [f for f in others if is_hang(f)]
+    if too:
+        kinds = ", ".join(sorted({f.type for f in too}))
+        advice.append(f"(Rank(s) {ranks_text(too)} failed too: {kinds}.)")
+    if after:
+        advice.append(f"(Rank(s) {ranks_text(after)} then failed in a collective, as a "
+                      "consequence.)")  # fmt: skip
     return Explanation(
         f"Rank {root.rank} failed with {root.type}: {SOURCE_TAG.sub('', root.message)}",
-        "\n\n".join(advice),
+        "\n\n".join(a for a in advice if a),
         root.traceback,
         root.rank,
+    )
+
+
+def ranks_text(failures: Sequence[RankFailure]) -> str:
+    return ", ".join(str(f.rank) for f in failures)
+
+
+def rendezvous_help(failure: RankFailure) -> str | None:
+    """Advice for a rank that could not reach the rendezvous store (not a collective hang)."""
+    found = STORE_SIGN.search(failure.message)
+    if not found:
+        return None
+    host, port = found.groups()
+    return (
+        f"The ranks could not reach the rendezvous store at {host}:{port}: nothing answered "
+        "there before the timeout. This is the rendezvous, not a collective. Under torchrun "
+        "(and ddp_kit) every rank connects to the store of torchrun's agent, at the "
+        "MASTER_ADDR and MASTER_PORT torchrun sets. A script that sets them itself (the PyTorch "
+        "DDP tutorial's os.environ['MASTER_PORT'] = '12355', written for mp.spawn) sends the "
+        "ranks where nobody listens: delete those lines when you run under torchrun."
     )
 
 

@@ -207,7 +207,7 @@ class Session:
         if stop is not None and (stop.stuck or stop.lost is not None):
             raise SessionError(" ".join(notes))
         if result.failures and (check or stop):
-            explanation = diagnose.explain_failures(result.failures, together=True)
+            explanation = diagnose.explain_failures(result.failures)
             message = "\n\n".join([*notes, explanation.message])
             rendered = explanation.rendered("CellError") + ["", *notes]
             raise CellError(message, result, rendered)
