@@ -19,7 +19,12 @@ VARIANT_STYLES = [
     ("#2ca02c", ":"),
     ("#9467bd", "-"),
 ]
-MEMORY_PARTS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868"}
+MEMORY_PARTS = {
+    "params": "#4c72b0",
+    "grads": "#dd8452",
+    "buckets": "#c44e52",  # DDP's flat copy of the gradients
+    "optimizer": "#55a868",
+}
 
 
 def variant_losses(
@@ -62,7 +67,8 @@ def hook_tradeoff(
 
 
 def memory_per_rank(usage: Mapping[str, Sequence[Mapping[str, int]]]) -> Figure:
-    """Stacked bars: each variant's parameters, gradients and optimizer state on each rank."""
+    """Stacked bars: each variant's parameters, gradients, DDP buckets and optimizer state on
+    each rank (a part a variant does not report counts 0)."""
     variants = list(usage)
     world = len(next(iter(usage.values())))
     fig = Figure(figsize=(7.0, 3.6))
@@ -73,7 +79,7 @@ def memory_per_rank(usage: Mapping[str, Sequence[Mapping[str, int]]]) -> Figure:
             x = v + (rank - (world - 1) / 2) * width
             bottom = 0.0
             for part, color in MEMORY_PARTS.items():
-                kib = parts[part] / 1024
+                kib = parts.get(part, 0) / 1024
                 label = part if v == 0 and rank == 0 else None
                 ax.bar(x, kib, width * 0.9, bottom=bottom, color=color, label=label)
                 bottom += kib

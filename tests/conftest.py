@@ -1,9 +1,36 @@
-"""Every test must leave no process of the kit behind (this run's own: tests/support.py)."""
+"""Every test must leave no process of the kit behind (this run's own: tests/support.py).
+
+A topic test file names the worker it proves and the numbers of ranks to run it at:
+
+    WORKER = "join.py"        # a file in tests/workers/
+    RANKS = [2, 4]            # optional, default [2]
+    WORKER_ARGS = [...]       # optional: the worker's command-line arguments
+
+and its tests take `run`, that worker's real torchrun run, launched once per number of ranks
+(such tests carry the `torchrun` marker)."""
 
 from __future__ import annotations
 
 import pytest
-from support import wait_until_gone
+from support import WORKERS, wait_until_gone
+
+import ddp_kit
+
+
+def pytest_generate_tests(metafunc):
+    if "run" in metafunc.fixturenames and hasattr(metafunc.module, "WORKER"):
+        ranks = getattr(metafunc.module, "RANKS", [2])
+        ids = [f"{n}ranks" for n in ranks]
+        metafunc.parametrize("run", ranks, ids=ids, indirect=True, scope="module")
+        metafunc.definition.add_marker(pytest.mark.torchrun)
+
+
+@pytest.fixture(scope="module")
+def run(request):
+    """The test file's WORKER, run under torchrun at this parameter's number of ranks."""
+    args = [str(a) for a in getattr(request.module, "WORKER_ARGS", [])]
+    worker = WORKERS / request.module.WORKER
+    return ddp_kit.launch(worker, nproc=request.param, args=args, output="quiet")
 
 
 @pytest.fixture(autouse=True)

@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from support import WORKERS
 
-import ddp_kit
-
-pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture(scope="module")
-def run():
-    return ddp_kit.launch(WORKERS / "accumulation.py", nproc=2, output="quiet")
+WORKER = "accumulation.py"
 
 
 def test_accumulation_under_no_sync_is_one_batch_with_one_all_reduce(run):

@@ -1,6 +1,10 @@
 """Backend choice: gloo on CPU by default, nccl only with one GPU per rank."""
 
+from datetime import timedelta
+
 import pytest
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import Backend, _get_default_timeout
 
 from ddp_kit import LaunchConfigError, choose_backend
 
@@ -28,3 +32,11 @@ def test_nccl_without_enough_gpus_is_refused_with_the_fix():
 
 def test_gloo_on_request_even_with_gpus():
     assert choose_backend(2, "gloo", gpus=8).backend == "gloo"
+
+
+def test_default_timeout_is_30_minutes_except_for_plain_nccl():
+    assert _get_default_timeout(Backend("gloo")) == timedelta(minutes=30)
+    # the kit's GPU string (ddp_kit.worker.backend()) is not Backend.NCCL: 30 minutes too
+    assert _get_default_timeout(Backend("cpu:gloo,cuda:nccl")) == timedelta(minutes=30)
+    if dist.is_nccl_available():  # a torch build with NCCL
+        assert _get_default_timeout(Backend("nccl")) == timedelta(minutes=10)

@@ -5,17 +5,13 @@ DDP launches a bucket once its gradients are ready."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from support import WORKERS
+import torch
+import torch.distributed as dist
 
 import ddp_kit
 
-pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
-def run(request):
-    return ddp_kit.launch(WORKERS / "hooks.py", nproc=request.param, output="quiet")
+WORKER = "hooks.py"
+RANKS = [2, 4]
 
 
 def relative_errors(records: ddp_kit.Records, name: str) -> np.ndarray:
@@ -58,6 +54,14 @@ def test_powersgd_sends_fewer_bytes_and_approximates(run):
     assert (relative_errors(records, "powerSGD")[2:] > 0.01).all()
 
 
+def test_powersgd_compresses_a_matrix_only_when_it_shrinks_twofold(run):
+    sent = {r: run.records[f"powerSGD r={r}/sent"][2, 0] for r in (10, 11, 16)}
+    whole = 193  # the biases and the 1 x 64 output weight: (1 + 64) x r x 2 >= 64 for any r
+    assert sent[10] == ((64 + 32) * 10 + (64 + 64) * 10 + whole) * 4  # 9,732 bytes
+    assert sent[11] == (64 * 32 + (64 + 64) * 11 + whole) * 4  # 96 x 11 x 2 = 2,112 >= 2,048
+    assert sent[16] == 6337 * 4  # 128 x 16 x 2 = 4,096 >= 4,096: nothing is compressed
+
+
 def test_recorder_notes_when_each_gradient_was_ready(run):
     records = run.records
     for step in records.steps("allreduce/buckets"):
@@ -65,3 +69,14 @@ def test_recorder_notes_when_each_gradient_was_ready(run):
         assert len(seen["ready"]) == 6  # 3 Linear layers: weight and bias each
         for bucket in seen["buckets"]:  # a bucket is launched once its gradients are ready
             assert bucket["launched"] >= max(seen["ready"][p] for p in bucket["params"])
+
+
+def test_bf16_hook_is_registered_exactly_when_the_build_has_cuda_and_nccl(run):
+    cuda_nccl = (torch.version.cuda or torch.version.hip) is not None and (
+        dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
+    )
+    xpu_xccl = dist.is_xccl_available() and torch.xpu.is_available()
+    registered = run.records["bf16/registered"][0]
+    assert (registered == int(cuda_nccl or xpu_xccl)).all()  # gloo group on every build
+    if torch.__version__.startswith("2.13.0") and torch.version.cuda is None:
+        assert (registered == 0).all()  # the kit's default CPU build refuses it

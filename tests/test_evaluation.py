@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from support import WORKERS
 
-import ddp_kit
-
-pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
-def run(request):
-    return ddp_kit.launch(WORKERS / "evaluation.py", nproc=request.param, output="quiet")
+WORKER = "evaluation.py"
+RANKS = [2, 4]
 
 
 def test_global_eval_mean_leaves_the_padding_out(run):

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from support import WORKERS
 
-import ddp_kit
-
-pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
-def run(request):
-    return ddp_kit.launch(WORKERS / "join.py", nproc=request.param, output="quiet")
+WORKER = "join.py"
+RANKS = [2, 4]
 
 
 def test_join_shadows_with_zeros_and_divides_by_the_initial_world(run):
@@ -26,3 +18,10 @@ def test_join_shadows_with_zeros_and_divides_by_the_initial_world(run):
     last = local.shape[0] - 1
     synced = records["join/grad_synced"][last]
     assert np.abs(synced - local[last, world - 1] / world).max() < 1e-7
+
+
+def test_without_a_hook_ddp_divides_by_the_initial_world_unless_told_otherwise(run):
+    last = run.world_size - 1  # the busiest rank: alone in the last round
+    default = run.records["no_hook/divide_True/last_factor"][0, last]
+    assert abs(default - 1 / run.world_size) < 1e-5
+    assert abs(run.records["no_hook/divide_False/last_factor"][0, last] - 1) < 1e-5

@@ -87,7 +87,6 @@ def test_failing_rank_is_named_with_its_traceback():
     assert "ValueError: rank one is broken  (traceback in the launch error)" in result.stderr[1]
 
 
-
 def test_the_same_error_on_every_rank_is_each_ranks_own():
     with pytest.raises(WorkerError) as caught:
         ddp_kit.launch("import no_such_module\n", nproc=2, output="quiet")
@@ -106,6 +105,7 @@ def test_a_script_that_sets_its_own_master_port_is_told_it_missed_the_rendezvous
     message = str(caught.value)
     assert f"could not reach the rendezvous store at localhost:{port}" in message
     assert "MASTER_PORT" in message and "A collective" not in message
+
 
 def test_function_worker_and_check_false():
     def worker():

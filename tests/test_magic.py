@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from support import kit_frames
 
+import ddp_kit
 from ddp_kit import LaunchConfigError, WorkerError
 
 pytestmark = pytest.mark.torchrun
@@ -73,3 +76,13 @@ def test_a_failure_renders_as_the_rank_traceback_without_kit_frames(shell):
     assert 'script.py", line 2, in <module>' in rendered
     assert kit_frames(rendered) == []
     assert rendered.count("KeyError: 'gone'") == 1
+
+
+def test_launch_and_session_share_their_run_options_and_defaults():
+    """%%torchrun and %ranks share one flag table, so the options they share mean the same."""
+    launch_options = inspect.signature(ddp_kit.launch).parameters
+    session_options = inspect.signature(ddp_kit.Session).parameters
+    shared = ["nnodes", "backend", "collective_timeout", "output", "env"]
+    for name in shared:
+        assert launch_options[name].default == session_options[name].default, name
+        assert launch_options[name].annotation == session_options[name].annotation, name

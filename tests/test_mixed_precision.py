@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-from support import WORKERS
-
-import ddp_kit
-
-pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture(scope="module")
-def run():
-    return ddp_kit.launch(WORKERS / "autocast.py", nproc=2, output="quiet")
+WORKER = "autocast.py"
 
 
 def test_autocast_computes_in_bf16_and_all_reduces_float32(run):

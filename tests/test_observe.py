@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from support import WORKERS
 
 import ddp_kit
@@ -15,13 +14,9 @@ BATCH = 2  # per rank
 STEPS = 3
 LR = 0.1
 
-pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
-def run(request):
-    args = [DATASET_SIZE, BATCH, STEPS, LR]
-    return ddp_kit.launch(WORKERS / "observe.py", nproc=request.param, args=args, output="quiet")
+WORKER = "observe.py"
+RANKS = [2, 4]
+WORKER_ARGS = [DATASET_SIZE, BATCH, STEPS, LR]
 
 
 def test_sampler_shards_are_disjoint_cover_and_show_padding(run):
@@ -105,6 +100,19 @@ def test_buckets_one_at_first_then_rebuilt_in_backward_order(run):
     assert len(later) > 1 and sum(b["numel"] for b in later) == 19
     assert later[0]["params"][0] == "out.bias"  # the last layer's gradients are ready first
     assert all(b["finished"] >= b["launched"] for b in later)
+
+
+def test_bucket_limits_25_mib_and_a_1_mib_first_bucket_after_the_rebuild():
+    run = ddp_kit.launch(WORKERS / "buckets.py", nproc=2, output="quiet")
+    records, mib, layer = run.records, 2**20, (256 * 256 + 256) * 4
+    assert records["default/bucket_bytes_cap"][0, 0] == 25 * mib
+    first = records.get("default/buckets", 0, 0)["buckets"]
+    assert [b["numel"] * 4 for b in first] == [6 * layer]  # iteration 0: one bucket
+    rebuilt = [b["numel"] * 4 for b in records.get("default/buckets", 2, 0)["buckets"]]
+    assert rebuilt == [4 * layer, 2 * layer]  # the first bucket closes once it reaches 1 MiB
+    assert rebuilt[0] >= mib > rebuilt[0] - 256 * 256 * 4
+    explicit = records.get("explicit/buckets", 2, 0)["buckets"]  # bucket_cap_mb=25 given
+    assert [b["numel"] * 4 for b in explicit] == [6 * layer]
 
 
 def test_recorder_alone_saves_a_single_step_at_exit():

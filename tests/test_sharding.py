@@ -4,17 +4,9 @@ and the same weights after the same Adam steps."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from support import WORKERS
 
-import ddp_kit
-
-pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
-def run(request):
-    return ddp_kit.launch(WORKERS / "sharding.py", nproc=request.param, output="quiet")
+WORKER = "sharding.py"
+RANKS = [2, 4]
 
 
 def test_zero_shards_optimizer_state_about_one_nth(run):
@@ -26,6 +18,13 @@ def test_zero_shards_optimizer_state_about_one_nth(run):
     assert zero_state.max() <= 1.25 * ddp_state[0] / world
     # each parameter's state (exp_avg, exp_avg_sq, step) lives on exactly one rank
     assert zero_state.sum() == ddp_state[0]
+
+
+def test_ddp_buckets_hold_a_second_copy_of_the_gradients(run):
+    model_bytes = 14657 * 4  # 58,628
+    for kind in ["DDP", "ZeRO"]:
+        assert (run.records[f"{kind}/bucket_bytes"][0] == model_bytes).all(), kind
+    assert (run.records["view/grad_storages"][0] == 1).all()  # gradient_as_bucket_view=True
 
 
 def test_fsdp2_shards_parameters_and_optimizer_state(run):

@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-from support import WORKERS
-
-import ddp_kit
-
-pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture(scope="module")
-def run():
-    return ddp_kit.launch(WORKERS / "speedup.py", nproc=2, output="quiet")
+WORKER = "speedup.py"
 
 
 def test_epoch_seconds_times_the_group_and_skips_the_others(run):

@@ -32,4 +32,21 @@ for name, (hook, state) in hooks.items():
             loss.backward()
         opt.step()
         record(name + "/sent", sent.bytes, step)
+# PowerSGD's rule, (n + m) x r x 2 < n x m (min_compression_rate=2): from rank 11 the 64 x 32
+# weight is sent whole, from rank 16 the 64 x 64 one too
+for rank in (10, 11, 16):
+    model = DDP(make_wide_model())
+    state = powerSGD.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
+    model.register_comm_hook(state, powerSGD.powerSGD_hook)
+    for step, x in enumerate(batches(dist.get_rank(), steps=3)):
+        loss = mse(model(x), target(x))
+        with CollectiveCounter() as sent:
+            loss.backward()
+        record(f"powerSGD r={rank}/sent", sent.bytes, step)
+# bf16_compress_hook: PyTorch checks the build when it registers the hook, not the backend
+try:
+    DDP(make_wide_model()).register_comm_hook(None, default_hooks.bf16_compress_hook)
+    record("bf16/registered", 1)
+except TypeError:
+    record("bf16/registered", 0)
 dist.destroy_process_group()

@@ -49,6 +49,9 @@ for kind in ["DDP", "ZeRO", "FSDP2"]:
         sum(local_bytes(v) for s in state.values() for v in s.values() if torch.is_tensor(v)),
     )
     record(kind + "/param_bytes", sum(local_bytes(p) for p in model.parameters()))
+    if kind != "FSDP2":  # DDP's flat buckets: a second copy of the gradients
+        sizes = model._get_ddp_logging_data()["bucket_sizes"]
+        record(kind + "/bucket_bytes", sum(int(size) for size in sizes.split(",")))
     record(kind + "/sent", sent.bytes_by_op())
     record(
         kind + "/weights",
@@ -59,4 +62,10 @@ for kind in ["DDP", "ZeRO", "FSDP2"]:
             ]
         ),
     )
+# gradient_as_bucket_view=True: every .grad is a view into the one bucket, no second copy
+viewed = DDP(make_wide_model(layers=4), gradient_as_bucket_view=True)
+for x in batches(dist.get_rank())[:2]:
+    mse(viewed(x), target(x)).backward()
+storages = {p.grad.untyped_storage().data_ptr() for p in viewed.parameters()}
+record("view/grad_storages", len(storages))
 dist.destroy_process_group()
