@@ -32,6 +32,14 @@ def test_nccl_puts_each_rank_on_its_own_gpu_and_averages_the_gradient():
         assert np.abs(synced[r] - mean).max() < 1e-6
 
 
+def test_nccl_on_one_gpu_places_the_model_before_wrapping_and_keeps_the_gradient():
+    run = ddp_kit.launch(WORKERS / "gpu.py", nproc=1, output="quiet")
+    assert (run.backend, run.device) == ("nccl", "cuda")
+    assert [str(d) for d in run.records["gpu/device"][0]] == ["cuda:0"]
+    local, synced = run.records["gpu/grad_local"][0], run.records["gpu/grad_synced"][0]
+    assert np.array_equal(synced, local)  # one rank: nccl's sum of one, divided by 1, is exact
+
+
 def test_more_ranks_than_gpus_fall_back_to_gloo_on_cpu_and_say_why(capfd):
     run = ddp_kit.launch(WORKERS / "gpu.py", nproc=GPUS + 1, output="quiet")
     assert (run.backend, run.device) == ("gloo", "cpu")
