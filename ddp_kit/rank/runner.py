@@ -18,6 +18,7 @@ from types import TracebackType
 from .. import worker
 from ..shared import contract, failures, markers
 from ..shared.processes import die_with_parent
+from . import groups
 
 _script: str | None = None
 
@@ -47,6 +48,7 @@ def end_rank(namespace: dict) -> None:
     namespace.clear()
     gc.collect()
     _destroy_process_group()
+    groups.release()
     gc.collect()
     atexit._run_exitfuncs()
     sys.stdout.flush()
@@ -55,7 +57,8 @@ def end_rank(namespace: dict) -> None:
 
 
 def bootstrap(script: str | None = None) -> None:
-    """Prepare a rank: die with the agent, short collective timeout, error reports, clean exit.
+    """Prepare a rank: die with the agent, short collective timeout, destroyed process groups
+    freed at a safe point (rank.groups), error reports, clean exit.
 
     Reported tracebacks start at `script` (the runner's own frames are left out).
     """
@@ -63,6 +66,7 @@ def bootstrap(script: str | None = None) -> None:
     _script = script
     die_with_parent()
     shorten_default_collective_timeout()
+    groups.install()
     sys.excepthook = _report_exception
     atexit.register(_destroy_process_group)
     markers.mark(markers.STARTED, worker.rank())

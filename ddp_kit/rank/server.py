@@ -36,6 +36,7 @@ from ..shared.contract import (
     Value,
 )
 from ..shared.records import to_numpy
+from . import groups
 
 
 class Channel:
@@ -144,6 +145,7 @@ def serve() -> None:
             channel.send(Flushed())
             continue
         channel.send(answer(message, namespace, interrupts))
+        groups.release()  # what the cell destroyed, freed while the kernel reads the reply
     _leave(channel)
 
 
@@ -175,4 +177,5 @@ def _leave(channel: Channel) -> None:
     worker.flush()
     if dist.is_initialized():
         dist.destroy_process_group()
+    groups.release()
     channel.connection.close()

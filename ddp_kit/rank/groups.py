@@ -1,0 +1,70 @@
+"""Process groups that a rank's code destroys are freed at a safe point, and a re-initialised
+world gets a fresh name. Two torch behaviours otherwise hang a rank that inits, destroys and
+inits again (the PyTorch DDP tutorial's demos, run one after the other in one process or as
+cells on live ranks); docs/upstream.md has the reproductions and the rates.
+
+1. A deadlock freeing a group. Symptom (py-spy --native; no message, the rank just stops):
+   the main thread in `pybind11_object_dealloc -> c10d::Reducer::~Reducer ->
+   c10d::ProcessGroupGloo::~ProcessGroupGloo -> std::thread::join`, a gloo thread in
+   `c10d::AsyncAllreduceWork::~AsyncAllreduceWork -> at::ThreadLocalState::~ThreadLocalState
+   -> c10::SafePyObject -> pybind11::gil_scoped_acquire`. Every backward pass stashes a Python
+   object (its `contextvars` context) in the thread-local state, and each collective DDP
+   launches during backward keeps a copy of that state. When a gloo thread drops the last
+   reference to such a finished work it needs the GIL, while the main thread, freeing the DDP
+   model right after its step, holds the GIL and waits for that thread to end.
+   Fix: `destroy_process_group` keeps the groups it removes, and `release()` frees them later,
+   after pausing with the GIL released so that gloo's threads finish their last works first:
+   at the end of the cell or the script, or at the next destroy_process_group (so a script
+   that makes and destroys many groups keeps one generation of them, not all).
+2. A hang in the second `init_process_group`. Symptom: both ranks in
+   `gloo::rendezvous::Context::connectFullMesh -> gloo::transport::tcp::Pair::waitUntilConnected`.
+   Destroying the world resets torch's group counter, so the new world has the old one's name
+   ("0") and its keys in torchrun's store; a rank can read the old world's addresses there
+   before the other rank has replaced them. Fix: the counter is put back after the world is
+   destroyed, so every world of the process has its own name (and its own keys).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+RELEASE_PAUSE = 0.05  # seconds with the GIL released before freeing: gloo threads need microseconds
+
+_kept: list[Any] = []
+
+
+def install() -> None:
+    """Make torch.distributed's destroy_process_group keep the groups it removes."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    destroy = c10d.destroy_process_group
+    if getattr(destroy, "__wrapped__", None) is not None:
+        return  # installed already
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group: Any = None) -> None:
+        world = group is None or group is c10d.GroupMember.WORLD
+        removed = list(c10d._world.pg_map) if world else [group]
+        count = c10d._world.group_count
+        release()  # the groups an earlier call kept
+        destroy(group)
+        _kept.extend(removed)
+        if world:
+            c10d._world.group_count = count  # the next world gets a name (and keys) of its own
+
+    c10d.destroy_process_group = dist.destroy_process_group = destroy_process_group
+
+
+def kept() -> int:
+    """How many destroyed groups wait to be freed."""
+    return len(_kept)
+
+
+def release() -> None:
+    """Free the destroyed groups, once gloo's threads are done with their last works."""
+    if _kept:
+        time.sleep(RELEASE_PAUSE)
+        _kept.clear()
