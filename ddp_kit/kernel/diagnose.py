@@ -120,6 +120,12 @@ def hung(failures: Sequence[RankFailure]) -> bool:
     return any(is_hang(f) for f in failures)
 
 
+def stalled(failures: Sequence[RankFailure]) -> bool:
+    """Whether a rank was stuck in a wait with no end of its own, which the rank then ended
+    (rank.waits): its main thread is still inside torch's C++."""
+    return any(f.type == contract.STALLED_WAIT for f in failures)
+
+
 def failure_signs(text: str) -> str:
     """The known failure signs found in a run's output, as one line ("none" if none)."""
     return ", ".join(sorted({s for s in FAILURE_SIGNS if s in text})) or "none"

@@ -47,6 +47,9 @@ RESTARTED = (
 RESTARTED_AFTER_HANG = (
     "A collective timed out, and a process group cannot be trusted after that. " + RESTARTED
 )
+RESTARTED_AFTER_STALL = (
+    "A rank was stuck inside torch, where it cannot be interrupted. " + RESTARTED
+)
 KEPT = "The session is still running; every rank's variables are kept."
 
 __all__ = ["CellResult", "Session"]
@@ -273,6 +276,10 @@ class Session:
                 "collective_timeout). " + RESTARTED
             ]
         notes = [stop.reason] if stop is not None else []
+        if diagnose.stalled(found):
+            self._discard()  # the stalled rank is stuck inside torch: it cannot answer an exit
+            self.start()
+            return [*notes, RESTARTED_AFTER_STALL]
         if diagnose.hung(found):
             self.restart()
             return [*notes, RESTARTED_AFTER_HANG]

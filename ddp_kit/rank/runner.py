@@ -18,7 +18,7 @@ from types import TracebackType
 from .. import worker
 from ..shared import contract, failures, markers
 from ..shared.processes import die_with_parent
-from . import groups
+from . import groups, waits
 
 _script: str | None = None
 
@@ -58,7 +58,8 @@ def end_rank(namespace: dict) -> None:
 
 def bootstrap(script: str | None = None) -> None:
     """Prepare a rank: die with the agent, short collective timeout, destroyed process groups
-    freed at a safe point (rank.groups), error reports, clean exit.
+    freed at a safe point (rank.groups), a bound on waits with no timeout (rank.waits), error
+    reports, clean exit.
 
     Reported tracebacks start at `script` (the runner's own frames are left out).
     """
@@ -67,6 +68,8 @@ def bootstrap(script: str | None = None) -> None:
     die_with_parent()
     shorten_default_collective_timeout()
     groups.install()
+    if contract.COLLECTIVE_TIMEOUT in os.environ:
+        waits.start(worker.rank(), collective_timeout(), _end_stalled_rank)
     sys.excepthook = _report_exception
     atexit.register(_destroy_process_group)
     markers.mark(markers.STARTED, worker.rank())
@@ -100,6 +103,15 @@ def _report_exception(
     # sys.__stderr__: init_process_group wraps the excepthook and would prefix "[rankN]:".
     notice = f"{kind.__name__}: {error}  (traceback in the launch error)"
     print(notice, file=sys.__stderr__, flush=True)
+
+
+def _end_stalled_rank(failure: failures.RankFailure) -> None:
+    """A wait with no end of its own (rank.waits): report it as this rank's error, and exit."""
+    error_dir = os.environ.get(contract.ERROR_DIR)
+    if error_dir is not None:
+        failures.write_report(error_dir, failure)
+    print(f"{failure.type}: {failure.message}", file=sys.__stderr__, flush=True)
+    os._exit(1)
 
 
 def _destroy_process_group() -> None:

@@ -36,7 +36,7 @@ from ..shared.contract import (
     Value,
 )
 from ..shared.records import to_numpy
-from . import groups
+from . import groups, waits
 
 
 class Channel:
@@ -45,10 +45,18 @@ class Channel:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.lock = threading.Lock()
+        self.stalled = False  # the cell's answer was sent for it (rank.waits): send no more
 
     def send(self, message: tuple) -> None:
         with self.lock:
-            self.connection.send(message)
+            if not self.stalled:
+                self.connection.send(message)
+
+    def answer_stalled(self, failure: failures.RankFailure) -> None:
+        """Answer the running (or next) cell with a stalled wait; the kernel then replaces
+        the ranks, because the main thread is stuck inside torch's C++."""
+        self.send(CellDone(asdict(failure)))
+        self.stalled = True
 
 
 class ChannelWriter(io.TextIOBase):
@@ -129,6 +137,7 @@ def serve() -> None:
     """Answer the kernel's messages until it says exit or goes away."""
     preimport()
     channel = connect()
+    waits.on_stall(channel.answer_stalled)
     interrupts = CellInterrupts()
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     sys.stdout = ChannelWriter(channel, "stdout")

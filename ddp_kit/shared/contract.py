@@ -37,11 +37,16 @@ kernel -> rank          rank -> kernel
                         Hello(rank, pid)               once, on connecting
 RunCell(name, code)     Output(stream, text) ...       while the cell runs, as it prints
                         CellDone(failure)              failure: a RankFailure's fields, or None
+                                                       (also sent unasked, for the running or
+                                                       next cell, by a stalled wait: rank.waits)
 Pull(name)              Value(value)                   tensors as numpy arrays
                         PullFailed(failure)            no such variable, or it cannot be sent
 Flush()                 Flushed()                      the rank's records are on disk
 Exit()                  (the connection closes)        the rank leaves its process group, ends
 Both ends send each message at once (TCP_NODELAY, `send_at_once`).
+
+A wait that the rank ended itself (rank.waits) is a RankFailure of type STALLED_WAIT; the kernel
+then replaces the ranks.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ SESSION_KEY_FILE = "DDP_KIT_SESSION_KEY_FILE"
 PROGRESS = "DDP_KIT_PROGRESS"
 NOTES_FILE = "DDP_KIT_NOTES_FILE"
 NO_PDEATHSIG = "DDP_KIT_NO_PDEATHSIG"
+
+STALLED_WAIT = "StalledWait"
 
 SCRIPT_FILE = "script.py"
 KEY_FILE = "session.key"

@@ -1,0 +1,163 @@
+"""A bound on the waits that torch's own timeouts leave open: joining a process group, the
+rendezvous, and freeing a process group.
+
+A collective that waits past its timeout raises in torch itself. Not all waits do: gloo's
+connectFullMesh, inside init_process_group or new_group, gives up only after 5 times the
+timeout (measured on torch 2.13: collective_timeout=20 -> "Gloo connectFullMesh failed with
+... Connect timeout" after 100 s, so the default 60 s became 300 s, the kit's run and cell
+limits). A rank's `Watch` thread reads the main thread's stack (sys._current_frames) twice a
+second. When the main thread has been in one of the WAITS below for longer than that wait's
+timeout plus GRACE (torch's own error, where it has one, comes first and is kept), the rank
+reports a failure that names the wait, where the code was, and the usual causes:
+
+    wait        the main thread is in                       its timeout
+    rendezvous  torch/distributed/rendezvous.py             the call's `timeout`, else the
+    init        init_process_group, new_group, ...          collective timeout
+    teardown    destroy_process_group, groups.release
+
+The report ends the wait: `on_stall` sends it (to the kernel, or as the launch's error report)
+and the rank is replaced, because a thread stuck inside C++ cannot be interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from types import FrameType
+
+from ..shared.contract import STALLED_WAIT
+from ..shared.failures import RankFailure
+
+GRACE = 5.0  # seconds past the timeout, so that torch's own timeout error comes first
+POLL = 0.5
+
+
+@dataclass(frozen=True)
+class Wait:
+    kind: str
+    what: str  # what the rank was waiting for, and the usual causes
+
+
+RENDEZVOUS = Wait(
+    "rendezvous",
+    "it was connecting to the rendezvous store at {address}. Nothing answered there: under "
+    "torchrun every rank meets at torchrun's MASTER_ADDR and MASTER_PORT; a script that sets "
+    "them itself sends the ranks where nobody listens.",
+)
+INIT = Wait(
+    "init",
+    "gloo was connecting this rank to the others. A rank that never reaches the same call "
+    "(it is under `if rank == ...`, or that rank crashed), or addresses this rank cannot "
+    "reach (GLOO_SOCKET_IFNAME), keep it waiting. Join the process group once per process, "
+    "with every rank.",
+)
+TEARDOWN = Wait(
+    "teardown",
+    "it was freeing a process group, whose destructor waits for gloo's threads to finish.",
+)
+WAITS = {  # (file ending, function or "*") -> the wait
+    ("torch/distributed/rendezvous.py", "*"): RENDEZVOUS,
+    ("torch/distributed/distributed_c10d.py", "init_process_group"): INIT,
+    ("torch/distributed/distributed_c10d.py", "new_group"): INIT,
+    ("torch/distributed/distributed_c10d.py", "new_subgroups"): INIT,
+    ("torch/distributed/distributed_c10d.py", "split_group"): INIT,
+    ("torch/distributed/distributed_c10d.py", "destroy_process_group"): TEARDOWN,
+    ("ddp_kit/rank/groups.py", "release"): TEARDOWN,
+}
+
+
+def waiting_in(frame: FrameType | None) -> tuple[Wait, FrameType] | None:
+    """The innermost watched wait on this stack, and its frame (None if there is none)."""
+    while frame is not None:
+        code = frame.f_code
+        path = code.co_filename.replace(os.sep, "/")
+        for (ending, function), wait in WAITS.items():
+            if path.endswith(ending) and function in ("*", code.co_name):
+                return wait, frame
+        frame = frame.f_back
+    return None
+
+
+def limit(frame: FrameType, default: timedelta) -> float:
+    """The wait's own `timeout` argument if it has one, else `default`; plus GRACE."""
+    timeout = frame.f_locals.get("timeout")
+    if not isinstance(timeout, timedelta):
+        timeout = default
+    return timeout.total_seconds() + GRACE
+
+
+def report(rank: int, wait: Wait, frame: FrameType, seconds: float) -> RankFailure:
+    """The failure a stalled wait becomes: what waited, for how long, where the code was."""
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    call = f"{frame.f_code.co_name}()" if wait.kind != "rendezvous" else "the rendezvous"
+    message = (
+        f"{wait.kind}: {call} did not return within {seconds:.0f} s (its timeout + {GRACE:g} s), "
+        "so ddp_kit ended the wait: " + wait.what.format(address=address)
+    )
+    text = f"Traceback (most recent call last):\n{user_stack(frame)}{STALLED_WAIT}: {message}\n"
+    return RankFailure(rank, STALLED_WAIT, message, text, time.time())
+
+
+_watch: Watch | None = None
+
+
+def start(rank: int, timeout: timedelta, on_stall: Callable[[RankFailure], None]) -> None:
+    """Watch this process's main thread (once per process)."""
+    global _watch
+    if _watch is None:
+        _watch = Watch(rank, timeout, on_stall)
+        _watch.thread.start()
+
+
+def on_stall(handler: Callable[[RankFailure], None]) -> None:
+    """What ends a stalled wait from now on (a live rank answers its cell with it)."""
+    if _watch is not None:
+        _watch.on_stall = handler
+
+
+def user_stack(frame: FrameType) -> str:
+    """The stack down to `frame`, from the user's first frame: the kit's frames and runpy's
+    above the user's code are left out, as in the kit's other tracebacks."""
+    entries = traceback.extract_stack(frame)
+    kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    first = 0
+    for i, entry in enumerate(entries):
+        if entry.filename.startswith(kit) or entry.filename.startswith("<frozen"):
+            first = i + 1
+        elif f"{os.sep}torch{os.sep}" in entry.filename:
+            break
+    return "".join(traceback.format_list(entries[first:]))
+
+
+class Watch:
+    """The thread that watches the main thread's waits; `on_stall(failure)` ends one."""
+
+    def __init__(
+        self, rank: int, timeout: timedelta, on_stall: Callable[[RankFailure], None]
+    ) -> None:
+        self.rank, self.timeout, self.on_stall = rank, timeout, on_stall
+        self.main = threading.main_thread().ident
+        self.thread = threading.Thread(target=self._run, name="ddp_kit-wait-watch", daemon=True)
+
+    def _run(self) -> None:
+        since: tuple[int, float] | None = None  # (id of the wait's frame, when it was first seen)
+        while True:
+            time.sleep(POLL)
+            found = waiting_in(sys._current_frames().get(self.main))
+            if found is None:
+                since = None
+                continue
+            wait, frame = found
+            if since is None or since[0] != id(frame):
+                since = (id(frame), time.monotonic())
+                continue
+            waited = time.monotonic() - since[1]
+            if waited > limit(frame, self.timeout):
+                self.on_stall(report(self.rank, wait, frame, waited))
+                return

@@ -1,0 +1,151 @@
+"""The PyTorch DDP tutorial's demos (tests/workers/tutorial.py, CPU-adapted only) run the way a
+class runs them, with no hang: as cells on live ranks, 20 times over, and as the tutorial's main
+(init, destroy, init again in one process) through launch. Under bare torchrun on this machine
+the same code hangs in about 1 run in 2 (docs/upstream.md has the stacks and the counts).
+
+Also here: the torch-only reproduction of the teardown deadlock, and a wait with no end of its
+own (a rendezvous store that never answers) ended after its timeout, saying what waited."""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from support import WORKERS, kit_frames
+
+import ddp_kit
+from ddp_kit.kernel.session import RESTARTED_AFTER_STALL, Session
+from ddp_kit.rank import waits
+from ddp_kit.shared.errors import CellError, WorkerError
+
+TUTORIAL = (WORKERS / "tutorial.py").read_text()
+DEFINITIONS = TUTORIAL.split('\nif __name__ == "__main__":')[0]
+RUNS = 20
+
+# A rendezvous store that never answers a read: init_process_group then waits with no timeout
+# of its own (as gloo's connectFullMesh can, up to 5 x the timeout).
+SILENT_STORE = """
+import os, time
+import torch.distributed as dist
+
+class SilentStore(dist.Store):
+    def set(self, key, value):
+        pass
+
+    def get(self, key):
+        while True:
+            time.sleep(1)
+
+    def wait(self, keys, timeout=None):
+        while True:
+            time.sleep(1)
+
+dist.init_process_group("gloo", store=SilentStore(), rank=int(os.environ["RANK"]),
+                        world_size=int(os.environ["WORLD_SIZE"]))
+"""
+STALL = re.compile(
+    r"Rank \d failed with StalledWait: init: init_process_group\(\) did not return within "
+    r"\d+ s \(its timeout \+ 5 s\), so ddp_kit ended the wait: gloo was connecting this rank"
+)
+
+
+def gloo_threads() -> str:
+    """A cell's code: how many threads this rank's process has (gloo's are C++ threads), once
+    the models left in reference cycles are collected."""
+    return "import gc, os\ngc.collect()\nthreads = len(os.listdir('/proc/self/task'))\n"
+
+
+@pytest.mark.torchrun
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_the_tutorial_demos_run_20_times_as_cells_on_live_ranks():
+    with Session(2, collective_timeout=20, cell_timeout=60, output="quiet") as session:
+        session.run(DEFINITIONS)
+        session.run("run_demo(demo_basic)\nrun_demo(demo_checkpoint)\n")
+        session.run(gloo_threads())
+        before = session.pull("threads")
+        for _ in range(RUNS):
+            basic = session.run("run_demo(demo_basic)")
+            checkpoint = session.run("run_demo(demo_checkpoint)")
+            assert basic.stdout == [f"Running basic DDP example on rank {r}.\n" for r in (0, 1)]
+            assert checkpoint.stdout[1] == "Running DDP checkpoint example on rank 1.\n"
+        session.run(
+            gloo_threads()
+            + "import torch.distributed.distributed_c10d as c10d\n"
+            + "from ddp_kit.rank import groups\n"
+            + "worlds, kept = c10d._world.group_count, groups.kept()\n"
+        )
+        # every world of the process had a name of its own (torch would reuse "0")
+        assert session.pull("worlds") == [2 + 2 * RUNS] * 2
+        # and every destroyed group was freed after its cell: no gloo thread is left over
+        assert session.pull("kept") == [0, 0]
+        assert session.pull("threads") == before
+
+
+@pytest.mark.torchrun
+def test_the_tutorial_main_inits_destroys_and_inits_again_through_launch():
+    for _ in range(2):
+        result = ddp_kit.launch(WORKERS / "tutorial.py", nproc=2, output="quiet")
+        for rank in (0, 1):
+            assert f"Running basic DDP example on rank {rank}." in result.stdout[rank]
+            assert f"Running DDP checkpoint example on rank {rank}." in result.stdout[rank]
+
+
+@pytest.mark.torchrun
+def test_freeing_a_group_right_after_a_ddp_step_does_not_deadlock():
+    result = ddp_kit.launch(WORKERS / "free_after_step.py", nproc=2, args=["60"], output="quiet")
+    # out.sum()'s bias gradient is the batch size, 20, on every rank: so is its average
+    assert result.stdout[0] == "rounds: 60; last bias grad: [20.0, 20.0, 20.0, 20.0, 20.0]\n"
+    assert result.stdout[1] == result.stdout[0]
+
+
+@pytest.mark.torchrun
+def test_a_wait_with_no_timeout_ends_after_its_timeout_saying_what_waited():
+    with pytest.raises(WorkerError) as launched:
+        ddp_kit.launch(SILENT_STORE, nproc=2, collective_timeout=2, timeout=120, output="quiet")
+    assert STALL.search(str(launched.value)), str(launched.value)
+    assert "failed too: StalledWait" in str(launched.value)
+    assert 'dist.init_process_group("gloo", store=SilentStore()' in str(launched.value)
+    assert kit_frames(str(launched.value)) == []
+
+    with Session(2, collective_timeout=2, cell_timeout=120, output="quiet") as session:
+        session.run("kept = 1")
+        old = set(session.pids.values())
+        with pytest.raises(CellError) as cell:
+            session.run(SILENT_STORE)
+        assert STALL.search(str(cell.value)) and RESTARTED_AFTER_STALL in str(cell.value)
+        assert kit_frames(str(cell.value)) == []
+        assert not old & set(session.pids.values())  # replaced: the old main threads were stuck
+        assert session.run("1 + 1").stdout == ["2\n", "2\n"]
+
+
+def test_the_watch_finds_the_innermost_wait_and_its_own_timeout():
+    release = threading.Event()
+    seen: dict = {}
+
+    code = textwrap.dedent("""
+        def init_process_group(timeout=None):
+            release.wait(10)
+        init_process_group(timeout=timeout)
+    """)
+    fake = Path("torch/distributed/distributed_c10d.py")
+    namespace = {"release": release, "timeout": timedelta(seconds=7)}
+    thread = threading.Thread(target=exec, args=(compile(code, str(fake), "exec"), namespace))
+    thread.start()
+    try:
+        for _ in range(100):
+            frame = sys._current_frames().get(thread.ident)
+            found = waits.waiting_in(frame)
+            if found:
+                seen["wait"], frame = found
+                seen["limit"] = waits.limit(frame, timedelta(seconds=60))
+                break
+            threading.Event().wait(0.01)
+    finally:
+        release.set()
+        thread.join()
+    assert seen == {"wait": waits.INIT, "limit": 7 + waits.GRACE}
