@@ -81,8 +81,12 @@ def bare_run(demo: str, hang: float, work: Path) -> str:
         return outcome
     if proc.returncode == 0:
         return "ok"
-    return f"exit {proc.returncode}: " + next(
-        (line for line in err.splitlines() if "Error" in line or "terminate" in line), "")[:120]
+    return (
+        f"exit {proc.returncode}: "
+        + next((line for line in err.splitlines() if "Error" in line or "terminate" in line), "")[
+            :120
+        ]
+    )
 
 
 def kit_run(demo: str, hang: float, work: Path) -> str:

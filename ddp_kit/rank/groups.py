@@ -12,10 +12,14 @@ cells on live ranks); docs/upstream.md has the reproductions and the rates.
    launches during backward keeps a copy of that state. When a gloo thread drops the last
    reference to such a finished work it needs the GIL, while the main thread, freeing the DDP
    model right after its step, holds the GIL and waits for that thread to end.
-   Fix: `destroy_process_group` keeps the groups it removes, and `release()` frees them later,
-   after pausing with the GIL released so that gloo's threads finish their last works first:
-   at the end of the cell or the script, or at the next destroy_process_group (so a script
-   that makes and destroys many groups keeps one generation of them, not all).
+   The Reducer is bound to Python with a plain shared_ptr, so its destructor runs with the GIL
+   held; a Python ProcessGroup is bound with IntrusivePtrNoGilDestructor, which releases the
+   GIL before the group's destructor runs (both holders are in torch 2.13's libtorch_python).
+   Fix: `destroy_process_group` keeps the Python ProcessGroup objects it removes, so a DDP
+   model freed right after its step does not drop its group's last reference; `release()`
+   drops them, and with them, GIL released, the groups: at the end of the cell or the script,
+   or at the next destroy_process_group (a script that makes and destroys many groups keeps
+   one generation). A model that outlives that frees its group long after its last work.
 2. A hang in the second `init_process_group`. Symptom: both ranks in
    `gloo::rendezvous::Context::connectFullMesh -> gloo::transport::tcp::Pair::waitUntilConnected`.
    Destroying the world resets torch's group counter, so the new world has the old one's name
@@ -27,10 +31,7 @@ cells on live ranks); docs/upstream.md has the reproductions and the rates.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
-
-RELEASE_PAUSE = 0.05  # seconds with the GIL released before freeing: gloo threads need microseconds
 
 _kept: list[Any] = []
 
@@ -64,7 +65,6 @@ def kept() -> int:
 
 
 def release() -> None:
-    """Free the destroyed groups, once gloo's threads are done with their last works."""
-    if _kept:
-        time.sleep(RELEASE_PAUSE)
-        _kept.clear()
+    """Free the destroyed groups: their Python objects release the GIL while gloo's threads end
+    (a DDP model still alive keeps its group until the model goes, long after its last work)."""
+    _kept.clear()
