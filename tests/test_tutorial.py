@@ -3,7 +3,7 @@ class runs them, with no hang: as cells on live ranks, 20 times over, and as the
 (init, destroy, init again in one process) through launch. Under bare torchrun on this machine
 the same code hangs in about 1 run in 2 (docs/upstream.md has the stacks and the counts).
 
-Also here: the torch-only reproduction of the teardown deadlock, and a wait with no end of its
+Also here: the torch-only reproductions of both hangs, and a wait with no end of its
 own (a rendezvous store that never answers) ended after its timeout, saying what waited."""
 
 from __future__ import annotations
@@ -93,6 +93,13 @@ def test_the_tutorial_main_inits_destroys_and_inits_again_through_launch():
         for rank in (0, 1):
             assert f"Running basic DDP example on rank {rank}." in result.stdout[rank]
             assert f"Running DDP checkpoint example on rank {rank}." in result.stdout[rank]
+
+
+@pytest.mark.torchrun
+def test_the_world_made_and_destroyed_20_times_in_one_process():
+    result = ddp_kit.launch(WORKERS / "reinit.py", nproc=2, output="quiet")
+    expected = "".join(f"world {n}: {n}, sum 2\n" for n in range(20))  # a name of its own each
+    assert result.stdout == [expected, expected]
 
 
 @pytest.mark.torchrun
