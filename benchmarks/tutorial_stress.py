@@ -42,6 +42,7 @@ SIGNATURES = {  # a C++ frame on some rank's stack -> what hung
     "that waits for the GIL",
     "gloo::transport::tcp::Pair::waitUntilConnected": "init: connectFullMesh waits for a pair",
     "c10d::TCPStore::doWait": "init: waiting in the store",
+    "c10d::Work::wait": "a collective waits (after a second init: pairs of the old world)",
 }
 
 
