@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 
-from ..shared.contract import Hello, Output, send_at_once
+from ..shared.contract import Busy, Hello, Output, RunCell, send_at_once
 
 HELLO_TIMEOUT = 10.0
 INTERRUPT_GRACE = 5.0  # how long interrupted ranks have to answer
@@ -55,6 +55,11 @@ class Channel:
         self.key = secrets.token_bytes(32)
         self.conns: dict[int, Connection] = {}
         self.pids: dict[int, int] = {}
+        # The latest collect's ranks that have not replied, and where each busy one said it was
+        # (readable from another thread while a cell runs: Session.where()).
+        self.running: set[int] = set()
+        self.busy: dict[int, Busy] = {}
+        self.cell = ""  # the name of the cell sent last
 
     def write_key(self, path: Path) -> Path:
         """Write the key where the ranks read it (mode 0600, in the private run directory)."""
@@ -77,6 +82,8 @@ class Channel:
         return len(accepted)
 
     def send(self, ranks: Iterable[int], message: tuple) -> None:
+        if isinstance(message, RunCell):
+            self.cell = message.name
         for rank in ranks:
             self.conns[rank].send(message)
 
@@ -85,14 +92,18 @@ class Channel:
         ranks: list[int],
         on_output: Callable[[int, str, str], None],
         timeout: float,
+        on_poll: Callable[[], None] = lambda: None,
     ) -> tuple[dict[int, tuple], Stop | None]:
-        """Each rank's reply, passing output on as it comes. At the time limit or an interrupt,
-        the ranks still busy get SIGINT and INTERRUPT_GRACE seconds to answer."""
+        """Each rank's reply, passing output on as it comes (and calling `on_poll` every
+        POLL_SECONDS). At the time limit or an interrupt, the ranks still busy get SIGINT and
+        INTERRUPT_GRACE seconds to answer."""
         pending = {self.conns[rank]: rank for rank in ranks}
         replies: dict[int, tuple] = {}
+        self.running, self.busy = set(ranks), {}
         deadline = time.monotonic() + timeout
         try:
             while pending:
+                on_poll()
                 lost = self._receive(pending, replies, on_output)
                 if lost is not None:
                     return replies, Stop("lost", f"Rank {lost}'s process ended", lost=lost)
@@ -148,9 +159,13 @@ class Channel:
                 return rank
             if isinstance(message, Output):
                 on_output(rank, message.stream, message.text)
+            elif isinstance(message, Busy):
+                if rank in self.running and message.cell == self.cell:  # not a late one
+                    self.busy[rank] = message
             else:
                 replies[rank] = message
                 del pending[conn]
+                self.running.discard(rank)
         return None
 
 

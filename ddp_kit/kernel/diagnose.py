@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..shared import contract
 from ..shared.failures import RankFailure, earliest
+from .progress import span
 from .result import RunResult
 
 # What a rank's error says when its collective waited for ranks that never came (gloo's timeout)
@@ -33,7 +34,8 @@ HANG_HELP = (
     "A collective (all_reduce, barrier, DDP's gradient sync...) waited for ranks that never "
     "joined it. Usual causes: a collective inside `if rank == 0:`, ranks with different numbers "
     "of batches, or another rank that crashed. Every rank must call the same collectives in the "
-    "same order. If the job is only slow, raise collective_timeout=."
+    "same order. If the job is only slow, raise collective_timeout= (`--collective-timeout` "
+    "on %%torchrun and %ranks start)."
 )
 
 
@@ -64,16 +66,23 @@ class Explanation:
         return lines + (["", self.advice] if self.advice else [])
 
 
-def explain_failures(failures: Sequence[RankFailure]) -> Explanation:
+def explain_failures(
+    failures: Sequence[RankFailure], finished: Sequence[int] = (), work: str = "the cell"
+) -> Explanation:
     """The earliest failure, with advice for hangs, and what the other ranks did.
 
     Another rank whose error is a lost or timed-out collective failed as a consequence (its
     peer was gone or never came); one with any other error failed too, on its own (every rank
-    runs the same code, so an import error or a bug fails each of them).
+    runs the same code, so an import error or a bug fails each of them). For a collective that
+    timed out, the ranks in `finished` (they ended `work` without an error) are the ones that
+    never joined it.
     """
     root = earliest(failures)
     others = [f for f in sorted(failures, key=lambda f: f.rank) if f.rank != root.rank]
-    advice = [rendezvous_help(root) or (HANG_HELP if is_hang(root) else "")]
+    absent = ""
+    if is_hang(root) and finished:
+        absent = f"{span(finished).capitalize()} finished {work} and never joined that collective."
+    advice = [absent, rendezvous_help(root) or (HANG_HELP if is_hang(root) else "")]
     too = [f for f in others if not is_hang(f)]
     after = [f for f in others if is_hang(f)]
     if too:
@@ -149,7 +158,9 @@ def explain(result: RunResult, timeout: float) -> Explanation:
             "exception (a rank may have called sys.exit/os._exit, or crashed)."
             + stderr_tails(result.stderr)
         )
-    return explain_failures(result.failures)
+    failed = {f.rank for f in result.failures}
+    finished = [r for r in result.completed if r not in failed]
+    return explain_failures(result.failures, finished, "the script")
 
 
 def teardown_note(result: RunResult) -> str | None:

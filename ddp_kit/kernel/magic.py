@@ -161,6 +161,8 @@ RANKS_USAGE = """\
 %ranks stop            stop them
 %ranks restart         stop and start again (fresh processes: all rank state is lost)
 %ranks status          how many ranks, backend, pids, cells run
+%ranks where           where each rank of the running (or last) cell is: its cell lines and
+                       the torch function (ranks say so once the cell has run 2 s)
 %%ranks [--on 0,2]     run the cell on every live rank (or only those listed)
 """
 
@@ -178,7 +180,7 @@ class RanksMagic:
             return
         command, *rest = shlex.split(line) or ["status"]
         actions = {"start": self.start, "stop": self.stop, "restart": self.restart,
-                   "status": self.status}  # fmt: skip
+                   "status": self.status, "where": self.where}  # fmt: skip
         if command not in actions:
             raise LaunchConfigError(f"%ranks: unknown command {command!r}. Usage:\n{RANKS_USAGE}")
         if command != "start" and rest:
@@ -212,6 +214,9 @@ class RanksMagic:
 
     def status(self, _argv: list[str]) -> None:
         print(self.session.status() if self.session else "No live ranks: %ranks start -n 4")
+
+    def where(self, _argv: list[str]) -> None:
+        print(self.session.where() if self.session else "No live ranks: %ranks start -n 4")
 
     def cell(self, line: str, cell: str) -> None:
         args = cell_parser().parse_args(shlex.split(line))

@@ -1,5 +1,6 @@
-"""A one-line status while a launch starts (torchrun, rendezvous, `import torch` take 10-15 s
-on a laptop before a rank prints anything), updated in place in JupyterLab.
+"""One-line statuses, updated in place in JupyterLab: while a launch starts (torchrun,
+rendezvous, `import torch` take 10-15 s on a laptop before a rank prints anything), and while a
+live cell runs long (where every rank is).
 
 Shown only in a Jupyter kernel, and not with DDP_KIT_PROGRESS=0 (set by the test run and by
 ./kit refresh, so the outputs nbval compares never hold it).
@@ -10,12 +11,19 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..shared import contract
+from ..shared.contract import Busy
 from ..shared.markers import STARTED, ranks_marked
 from .output import RankOutput
 
+if TYPE_CHECKING:
+    from .channel import Channel
+
 UPDATE_SECONDS = 0.5
+BUSY_AFTER = 2.0  # a live rank says where its cell is once it has run this long (rank.where)
+COLLECTIVES = "(in torch.distributed: "  # a place inside torch.distributed (rank.where)
 
 
 def wanted() -> bool:
@@ -83,3 +91,77 @@ class _Line:
 
     def __repr__(self) -> str:
         return self.text
+
+
+def span(ranks: list[int]) -> str:
+    """ "rank 2", "ranks 1-3", "ranks 0, 2": ranks as a student reads them."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def positions(ranks: list[int], running: set[int], busy: dict[int, Busy], stacks: bool) -> str:
+    """Where the cell's ranks are: those that said where (grouped when they are at the same
+    place, with the seconds the cell had run), those still running that have not yet said,
+    and those done; with `stacks`, each place as its short stack, a paragraph each."""
+    places: dict[str, list[int]] = {}
+    for rank in sorted(busy):
+        if rank in running:
+            places.setdefault(busy[rank].stack if stacks else busy[rank].where, []).append(rank)
+    parts = []
+    for place, group in places.items():
+        seconds = max(busy[r].seconds for r in group)
+        if stacks:
+            parts.append(f"{span(group)}, {seconds:.0f} s into the cell:\n  "
+                         + place.replace("\n", "\n  "))  # fmt: skip
+        else:
+            parts.append(f"{span(group)}: {place}, {seconds:.0f} s")
+    said = {rank for group in places.values() for rank in group}
+    silent = sorted(running - said)
+    if silent:
+        parts.append(f"{span(silent)}: running (a rank says where after {BUSY_AFTER:g} s)")
+    done = sorted(set(ranks) - running)
+    if done:
+        parts.append(f"{span(done)}: done")
+        waiting = [p for p in places if COLLECTIVES in p]
+        if waiting and not stacks:
+            parts.append(
+                f"{span(done)} finished the cell without that collective: is it under "
+                "`if rank == ...`, or after a loop the ranks ran unequally?"
+            )
+    return ("\n" if stacks else " · ").join(parts)
+
+
+class CellStatus:
+    """While a live cell runs past BUSY_AFTER seconds: one line, updated in place, of where
+    each rank is (shown as LaunchProgress is: in a Jupyter kernel, not with
+    DDP_KIT_PROGRESS=0). A cell that ends sooner shows nothing."""
+
+    def __init__(self, channel: Channel, ranks: list[int], enabled: bool) -> None:
+        self.channel, self.ranks, self.enabled = channel, ranks, enabled
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.handle = None
+
+    def update(self) -> None:
+        now = time.monotonic()
+        if not self.enabled or not self.channel.busy or now - self.last < UPDATE_SECONDS:
+            return
+        self.last = now
+        line = _Line("[ddp_kit] " + positions(self.ranks, self.channel.running,
+                                              self.channel.busy, stacks=False))  # fmt: skip
+        if self.handle is None:
+            from IPython.display import display
+
+            self.handle = display(line, display_id=True)
+        else:
+            self.handle.update(line)
+
+    def end(self) -> None:
+        if self.handle is not None:
+            seconds = time.monotonic() - self.start
+            self.handle.update(_Line(f"[ddp_kit] the cell ran for {seconds:.1f} s on "
+                                     f"{span(self.ranks)}"))  # fmt: skip

@@ -32,6 +32,8 @@ from . import diagnose
 from .backend import choose_backend, say_fallback
 from .channel import INTERRUPT_GRACE, Channel, Stop
 from .output import RankOutput, RankPrinter
+from .progress import CellStatus, positions
+from .progress import wanted as status_wanted
 from .result import CellResult
 from .script import write_script
 from .torchrun import Agents, log_roots, make_run_dir, rank_env, torchrun_commands, validate
@@ -170,6 +172,24 @@ class Session:
             f"up {up:.0f} s, {self.cells_run} cells run; pids {{{pids}}}"
         )
 
+    def where(self) -> str:
+        """Where each rank of the running cell is: its cell lines and the torch function it
+        is in (a rank says so once its cell has run 2 s); ranks that finished say done.
+        Callable from another thread while a cell runs. With no cell running: where the ranks
+        were when the last cell stopped, if it ran that long."""
+        channel = self._channel
+        if channel.running:
+            ranks = sorted(channel.running | set(channel.conns))
+            return "The running cell:\n" + positions(ranks, channel.running, channel.busy, True)
+        if not channel.busy:
+            return "No cell is running, and the last one ran too briefly to say where it was."
+        return "The last cell; where its ranks last said they were:\n" + self._last_positions(True)
+
+    def _last_positions(self, stacks: bool) -> str:
+        """Where the last cell's ranks last said they were (those that said nothing: done)."""
+        busy = self._channel.busy
+        return positions(sorted(set(busy) | set(self._channel.conns)), set(busy), busy, stacks)
+
     def __repr__(self) -> str:
         state = "running" if self.running else "closed"
         return f"<Session {state}: {self.world_size} ranks, {self.choice.backend}>"
@@ -210,7 +230,9 @@ class Session:
         if stop is not None and (stop.stuck or stop.lost is not None):
             raise SessionError(" ".join(notes))
         if result.failures and (check or stop):
-            explanation = diagnose.explain_failures(result.failures)
+            failed = {f.rank for f in result.failures}
+            finished = [r for r in targets if r not in failed and stop is None]
+            explanation = diagnose.explain_failures(result.failures, finished)
             message = "\n\n".join([*notes, explanation.message])
             rendered = explanation.rendered("CellError") + ["", *notes]
             raise CellError(message, result, rendered)
@@ -241,13 +263,18 @@ class Session:
         """Run the cell once; what it printed is kept, and shown so far only as the output
         mode shows it live (the caller shows the rest)."""
         printer = RankPrinter(targets, self.output)
+        status = CellStatus(self._channel, targets, self.output != "quiet" and status_wanted())
         begin = time.perf_counter()
         self._channel.send(targets, RunCell(name, code))
         try:
-            replies, stop = self._channel.collect(targets, printer.write, self.cell_timeout)
+            replies, stop = self._channel.collect(
+                targets, printer.write, self.cell_timeout, on_poll=status.update
+            )
         except BaseException:
             printer.show_rest()
             raise
+        finally:
+            status.end()
         printer.end_lines()
         found = [RankFailure(**reply.failure) for reply in replies.values() if reply.failure]
         result = CellResult(
@@ -261,7 +288,11 @@ class Session:
 
     def _recover(self, stop: Stop | None, found: list[RankFailure]) -> list[str]:
         """The one restart policy: ranks whose state cannot be trusted are replaced by fresh
-        ones. Returns the notes that say what happened and what is kept or lost."""
+        ones. Returns the notes that say what happened, where the ranks were when the cell
+        stopped or hung (if it ran long enough for them to say), and what is kept or lost."""
+        where = []
+        if self._channel.busy and stop is not None:
+            where = ["Where the ranks were: " + self._last_positions(stacks=False)]
         if stop is not None and stop.lost is not None:
             codes = self._exit_codes()
             self._discard()
@@ -273,9 +304,10 @@ class Session:
             return [
                 f"{stop.reason} Ranks {stop.stuck} did not come back within "
                 f"{INTERRUPT_GRACE:g} s (a rank blocked in a collective only returns at its "
-                "collective_timeout). " + RESTARTED
+                "collective_timeout). " + RESTARTED,
+                *where,
             ]
-        notes = [stop.reason] if stop is not None else []
+        notes = [stop.reason, *where] if stop is not None else where
         if diagnose.stalled(found):
             self._discard()  # the stalled rank is stuck inside torch: it cannot answer an exit
             self.start()

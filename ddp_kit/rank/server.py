@@ -37,6 +37,7 @@ from ..shared.contract import (
 )
 from ..shared.records import to_numpy
 from . import groups, waits
+from .where import Whereabouts
 
 
 class Channel:
@@ -138,6 +139,7 @@ def serve() -> None:
     preimport()
     channel = connect()
     waits.on_stall(channel.answer_stalled)
+    whereabouts = Whereabouts(channel.send)
     interrupts = CellInterrupts()
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     sys.stdout = ChannelWriter(channel, "stdout")
@@ -153,7 +155,10 @@ def serve() -> None:
             worker.flush()
             channel.send(Flushed())
             continue
-        channel.send(answer(message, namespace, interrupts))
+        whereabouts.cell_started(message.name)
+        reply = answer(message, namespace, interrupts)
+        whereabouts.cell_ended()
+        channel.send(reply)
         groups.release()  # what the cell destroyed, freed while the kernel reads the reply
     _leave(channel)
 

@@ -36,6 +36,9 @@ with the session's key before anything is read
 kernel -> rank          rank -> kernel
                         Hello(rank, pid)               once, on connecting
 RunCell(name, code)     Output(stream, text) ...       while the cell runs, as it prints
+                        Busy(cell, where, stack, seconds) ...
+                                                       every second once the cell has run 2 s:
+                                                       where it is (rank.where)
                         CellDone(failure)              failure: a RankFailure's fields, or None
                                                        (also sent unasked, for the running or
                                                        next cell, by a stalled wait: rank.waits)
@@ -104,6 +107,13 @@ class Hello(NamedTuple):
 class Output(NamedTuple):
     stream: str  # "stdout" or "stderr"
     text: str
+
+
+class Busy(NamedTuple):
+    cell: str  # the running cell's name
+    where: str  # "cell line 3: dist.all_reduce(x) (in torch.distributed: all_reduce)"
+    stack: str  # the cell's frames, innermost last, and the torch function they are in
+    seconds: float  # how long the cell has run
 
 
 class CellDone(NamedTuple):
