@@ -69,7 +69,7 @@ def test_interrupt_stops_the_whole_process_tree():
     launcher = start_launcher()
     launcher.send_signal(signal.SIGINT)  # what the kernel's interrupt button sends
     _, err = launcher.communicate(timeout=30)
-    assert "KeyboardInterrupt: The run was interrupted; all 2 worker processes were stopped" in err
+    assert "Interrupted: The run was interrupted; all 2 worker processes were stopped" in err
     assert wait_until_gone(1) == []
 
 

@@ -16,7 +16,7 @@ from multiprocessing.connection import Client, Listener
 import numpy as np
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from support import KERNEL_SIGINT, SETUP, kit_processes, wait_until_gone
+from support import KERNEL_SIGINT, SETUP, kit_frames, kit_processes, wait_until_gone
 
 import ddp_kit
 from ddp_kit.kernel.channel import accept_ranks
@@ -195,3 +195,29 @@ def test_the_magics_in_a_real_shell(shell, capsys):
     doc = shell.find_magic("ranks").__doc__
     for flag in ("--nproc", "--backend", "--collective-timeout", "--cell-timeout", "--on"):
         assert flag in doc
+
+
+def test_kit_messages_in_a_shell_are_one_short_message_with_no_kit_frame(shell, capsys):
+    def shown(cell: str) -> str:
+        shell.run_cell(cell)
+        return capsys.readouterr().out
+
+    no_ranks = shown("%%ranks\nprint(1)\n")
+    no_session = "LaunchConfigError: No live ranks: start them first with `%ranks start -n 4`."
+    assert no_session in no_ranks
+    assert "File " not in no_ranks and "Traceback" not in no_ranks
+    assert "unknown command 'go'" in shown("%ranks go") and kit_frames(no_ranks) == []
+    shell.run_line_magic("ranks", "start -n 2")
+    capsys.readouterr()
+    syntax = shown("%%ranks\nx = (\n")
+    assert 'File "<cell' in syntax and "SyntaxError: '(' was never closed" in syntax
+    assert kit_frames(syntax) == [] and "magic.py" not in syntax
+
+    timer = threading.Timer(3, lambda: os.kill(os.getpid(), signal.SIGINT))  # the stop button
+    timer.start()
+    interrupted = shown("%%ranks\nimport time\ntime.sleep(30)\n")
+    timer.join()
+    stopped = "KeyboardInterrupt: The cell was interrupted; ranks [0, 1] were interrupted."
+    assert stopped in interrupted
+    assert "Traceback" not in interrupted and kit_frames(interrupted) == []
+    assert shown("%%ranks\nprint('still', 1)\n") == "[rank 0] still 1\n[rank 1] still 1\n"

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..shared import contract, failures
-from ..shared.errors import LaunchTimeout, WorkerError
+from ..shared.errors import Interrupted, LaunchTimeout, WorkerError
 from ..shared.markers import COMPLETED, ranks_marked
 from ..shared.records import Records
 from . import diagnose
@@ -87,7 +87,7 @@ def launch(
         result.notes.append(note)
         diagnose.say(note)
     if result.interrupted:
-        raise KeyboardInterrupt(diagnose.explain(result, timeout).message)
+        raise Interrupted(diagnose.explain(result, timeout).message)
     if check and not result.ok:
         error = LaunchTimeout if result.timed_out else WorkerError
         explanation = diagnose.explain(result, timeout)

@@ -13,7 +13,7 @@ import inspect
 import shlex
 from collections.abc import Callable
 
-from ..shared.errors import LaunchConfigError
+from ..shared.errors import CellSyntaxError, LaunchConfigError
 from .launch import launch
 from .output import OUTPUT_MODES
 
@@ -223,6 +223,8 @@ class RanksMagic:
         session = self._require()
         try:
             self.namespace[args.result] = session.run(cell, args.on)
+        except SyntaxError as error:
+            raise CellSyntaxError(error) from None
         except Exception as error:
             if getattr(error, "result", None) is not None:
                 self.namespace[args.result] = error.result

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..shared import contract
 from ..shared.contract import Exit, Flush, Pull, PullFailed, RunCell
-from ..shared.errors import CellError, SessionError
+from ..shared.errors import CellError, Interrupted, SessionError
 from ..shared.failures import RankFailure
 from ..shared.records import Records
 from . import diagnose
@@ -226,7 +226,7 @@ class Session:
         printer.show_rest()
         notes = self._recover(stop, result.failures)
         if stop is not None and stop.kind == "interrupt":
-            raise KeyboardInterrupt("\n".join(notes))
+            raise Interrupted("\n".join(notes))
         if stop is not None and (stop.stuck or stop.lost is not None):
             raise SessionError(" ".join(notes))
         if result.failures and (check or stop):
@@ -339,7 +339,7 @@ class Session:
             return replies
         notes = " ".join(self._recover(stop, []))
         if stop.kind == "interrupt":
-            raise KeyboardInterrupt(notes)
+            raise Interrupted(notes)
         raise SessionError(notes)
 
     def _exit_codes(self) -> str:
