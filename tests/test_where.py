@@ -95,3 +95,22 @@ def test_the_status_line_appears_only_once_a_rank_said_where(monkeypatch):
         "where after 2 s)"
     )
     assert shown[1].startswith("[ddp_kit] the cell ran for ") and shown[1].endswith("on ranks 0-1")
+
+
+def test_the_start_line_counts_the_ranks_that_connected(monkeypatch):
+    shown = []
+
+    class Handle:
+        def update(self, line):
+            shown.append(repr(line))
+
+    monkeypatch.setattr("IPython.display.display", lambda line, display_id: shown.append(
+        repr(line)) or Handle())  # fmt: skip
+    start = progress.StartProgress(4, enabled=True)
+    start.update(3)
+    start.end("4 live ranks connected in 6.1 s")
+    assert shown == [
+        "[ddp_kit] starting 4 live ranks (torchrun, then `import torch` on each): 3/4 connected"
+        " · 0 s",
+        "[ddp_kit] 4 live ranks connected in 6.1 s",
+    ]

@@ -72,11 +72,16 @@ class Channel:
         return Listener(("127.0.0.1", 0), family="AF_INET", authkey=self.key, backlog=64)
 
     def accept(
-        self, listener: Listener, world: int, alive: Callable[[], bool], timeout: float
+        self,
+        listener: Listener,
+        world: int,
+        alive: Callable[[], bool],
+        timeout: float,
+        on_poll: Callable[[int], None] = lambda connected: None,
     ) -> int:
         """Accept ranks until all `world` said hello, `alive()` turns false or time is up;
-        how many connected."""
-        accepted = accept_ranks(listener, world, alive, timeout)
+        how many connected. `on_poll(connected so far)` is called every POLL_SECONDS."""
+        accepted = accept_ranks(listener, world, alive, timeout, on_poll)
         self.conns = {rank: conn for rank, (conn, _) in accepted.items()}
         self.pids = {rank: pid for rank, (_, pid) in accepted.items()}
         return len(accepted)
@@ -177,7 +182,11 @@ def _interrupt(pid: int) -> None:
 
 
 def accept_ranks(
-    listener: Listener, world: int, alive: Callable[[], bool], timeout: float
+    listener: Listener,
+    world: int,
+    alive: Callable[[], bool],
+    timeout: float,
+    on_poll: Callable[[int], None] = lambda connected: None,
 ) -> dict[int, tuple[Connection, int]]:
     """Accept authenticated connections until every rank said hello, `alive()` is false, or
     the time is up. A connection without the key fails authentication and is dropped unread."""
@@ -207,6 +216,7 @@ def accept_ranks(
     deadline = time.monotonic() + timeout
     try:
         while thread.is_alive() and alive() and time.monotonic() < deadline:
+            on_poll(len(accepted))
             thread.join(POLL_SECONDS)
     finally:
         if thread.is_alive():

@@ -83,6 +83,36 @@ class LaunchProgress:
         return _Line(f"[ddp_kit] {state} · {elapsed:.0f} s")
 
 
+class StartProgress:
+    """While live ranks start: how many connected back, and the seconds (shown as
+    LaunchProgress is); replaced by nothing once they are ready (the caller says so)."""
+
+    def __init__(self, world_size: int, enabled: bool) -> None:
+        self.world_size, self.enabled = world_size, enabled
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.handle = None
+
+    def update(self, connected: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.last < UPDATE_SECONDS:
+            return
+        self.last = now
+        line = _Line(f"[ddp_kit] starting {self.world_size} live ranks (torchrun, then "
+                     f"`import torch` on each): {connected}/{self.world_size} connected · "
+                     f"{now - self.start:.0f} s")  # fmt: skip
+        if self.handle is None:
+            from IPython.display import display
+
+            self.handle = display(line, display_id=True)
+        else:
+            self.handle.update(line)
+
+    def end(self, summary: str) -> None:
+        if self.handle is not None:
+            self.handle.update(_Line(f"[ddp_kit] {summary}"))
+
+
 class _Line:
     """Plain text shown as it is (a str would be shown with its quotes)."""
 

@@ -32,7 +32,7 @@ from . import diagnose
 from .backend import choose_backend, say_fallback
 from .channel import INTERRUPT_GRACE, Channel, Stop
 from .output import RankOutput, RankPrinter
-from .progress import CellStatus, positions
+from .progress import CellStatus, StartProgress, positions
 from .progress import wanted as status_wanted
 from .result import CellResult
 from .script import write_script
@@ -122,18 +122,22 @@ class Session:
         env.update({contract.SESSION_ADDRESS: f"{host}:{port}",
                     contract.SESSION_KEY_FILE: str(key_file)})  # fmt: skip
         self._agents = agents = Agents.start(commands, env, self.nproc)
+        progress = StartProgress(self.world_size, self.output != "quiet" and status_wanted())
         try:
             connected = self._channel.accept(listener, self.world_size, agents.running,
-                                             START_TIMEOUT)  # fmt: skip
+                                             START_TIMEOUT, progress.update)  # fmt: skip
         except BaseException:
             self._discard()
             raise
         finally:
             listener.close()
         if connected < self.world_size:
+            progress.end(f"{connected}/{self.world_size} live ranks connected (see below)")
             why = self._startup_failure(connected)
             self._discard()
             raise SessionError(why)
+        progress.end(f"{self.world_size} live ranks connected in "
+                     f"{time.perf_counter() - begin:.1f} s")  # fmt: skip
         self.started_at = time.time()
         self.start_seconds = time.perf_counter() - begin
         self._fresh = True

@@ -1,7 +1,8 @@
 """Process groups that a rank's code destroys are freed at a safe point, and a re-initialised
-world gets a fresh name. Two torch behaviours otherwise hang a rank that inits, destroys and
-inits again (the PyTorch DDP tutorial's demos, run one after the other in one process or as
-cells on live ranks); docs/upstream.md has the reproductions and the rates.
+world gets a fresh name. Two torch behaviours otherwise can hang a rank that inits, destroys
+and inits again (the PyTorch DDP tutorial's demos adapted to torchrun, tests/workers/tutorial.py,
+run one after the other in one process or as cells on live ranks); docs/upstream.md has the
+reproductions and the rates.
 
 1. A deadlock freeing a group. Symptom (py-spy --native; no message, the rank just stops):
    the main thread in `pybind11_object_dealloc -> c10d::Reducer::~Reducer ->
@@ -19,7 +20,8 @@ cells on live ranks); docs/upstream.md has the reproductions and the rates.
    model freed right after its step does not drop its group's last reference; `release()`
    drops them, and with them, GIL released, the groups: at the end of the cell or the script,
    or at the next destroy_process_group (a script that makes and destroys many groups keeps
-   one generation). A model that outlives that frees its group long after its last work.
+   one generation). A model that outlives that frees its group through the Reducer later:
+   normally long after its last work, but that path is neither guarded nor watched.
 2. A hang in the second `init_process_group`. Symptom: both ranks in
    `gloo::rendezvous::Context::connectFullMesh -> gloo::transport::tcp::Pair::waitUntilConnected`.
    Destroying the world resets torch's group counter, so the new world has the old one's name

@@ -1,22 +1,27 @@
-"""A bound on the waits that torch's own timeouts leave open: joining a process group, the
-rendezvous, and freeing a process group.
+"""A bound on the waits that torch ends late or never: gloo connecting the ranks (up to 5 times
+the timeout), freeing a process group (never), and a backstop for the rendezvous.
 
-A collective that waits past its timeout raises in torch itself. Not all waits do: gloo's
-connectFullMesh, inside init_process_group or new_group, gives up only after 5 times the
-timeout (measured on torch 2.13: collective_timeout=20 -> "Gloo connectFullMesh failed with
-... Connect timeout" after 100 s, so the default 60 s became 300 s, the kit's run and cell
-limits). A rank's `Watch` thread reads the main thread's stack (sys._current_frames) twice a
-second. When the main thread has been in one of the WAITS below for longer than that wait's
-timeout plus GRACE (torch's own error, where it has one, comes first and is kept), the rank
-reports a failure that names the wait, where the code was, and the usual causes:
+A gloo collective that waits past its timeout raises in torch itself. Not every wait does:
+when a peer's address is in the store but does not answer, gloo's connectFullMesh, inside
+init_process_group or new_group, gives up only at 5 times the timeout (measured on torch 2.13:
+collective_timeout=20 -> "Gloo connectFullMesh failed with ... Connect timeout" after 100 s, so
+the default 60 s became 300 s, the kit's run and cell limits).
+
+A rank's `Watch` thread reads the main thread's stack (sys._current_frames) twice a second. When
+the main thread has been in one of the WAITS below (the innermost one on its stack: each phase
+has its own clock) for longer than that wait's timeout plus GRACE, the rank reports a failure
+that names the wait, where the code was, and the usual causes. An error that torch raises within
+GRACE of its timeout comes first and is kept; where torch is later (the rendezvous's retry
+backoff: 27 s at a 20 s timeout), the kit's report of the same wait comes first:
 
     wait        the main thread is in                       its timeout
     rendezvous  torch/distributed/rendezvous.py             the call's `timeout`, else the
     init        init_process_group, new_group, ...          collective timeout
     teardown    destroy_process_group, groups.release
 
-The report ends the wait: `on_stall` sends it (to the kernel, or as the launch's error report)
-and the rank is replaced, because a thread stuck inside C++ cannot be interrupted.
+The report ends the wait: `on_stall` sends it, because a thread stuck inside C++ cannot be
+interrupted. Under a launch the rank writes it as its error report and exits, so the run fails;
+a live rank answers its cell with it, and the session replaces the ranks.
 """
 
 from __future__ import annotations
@@ -52,10 +57,10 @@ RENDEZVOUS = Wait(
 )
 INIT = Wait(
     "init",
-    "gloo was connecting this rank to the others. A rank that never reaches the same call "
-    "(it is under `if rank == ...`, or that rank crashed), or addresses this rank cannot "
-    "reach (GLOO_SOCKET_IFNAME), keep it waiting. Join the process group once per process, "
-    "with every rank.",
+    "gloo was connecting this rank to the others, and what it waited for did not answer: a "
+    "rank that stopped while joining, an address this rank cannot reach (GLOO_SOCKET_IFNAME), "
+    "or a store that does not reply. Join the process group once per process, with every "
+    "rank.",
 )
 TEARDOWN = Wait(
     "teardown",
