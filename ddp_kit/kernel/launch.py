@@ -47,6 +47,7 @@ def launch(
     timeout: float = 300.0,
     collective_timeout: float = 60.0,
     output: str = "ordered",
+    debug: str = "off",
     env: Mapping[str, str] | None = None,
     keep_run_dir: bool = False,
     check: bool = True,
@@ -56,10 +57,12 @@ def launch(
     `args` are passed to the script (its sys.argv[1:]). nnodes > 1 starts that many torchrun
     agents on this machine, as if each were a node of a cluster, all on 127.0.0.1. A failure
     raises WorkerError naming the rank (unless check=False); `timeout` bounds the whole run,
-    `collective_timeout` each collective. A job whose ranks failed only because gloo could not
-    connect them in init_process_group, before any printed, runs once more, with a note.
+    `collective_timeout` each collective. `debug` sets TORCH_DISTRIBUTED_DEBUG ("detail": each
+    collective is checked to be the same on every rank). A job whose ranks failed only because
+    gloo could not connect them in init_process_group, before any printed, runs once more, with
+    a note.
     """
-    validate(nproc, nnodes, timeout, collective_timeout, output)
+    validate(nproc, nnodes, timeout, collective_timeout, output, debug)
     choice = choose_backend(nproc * nnodes, backend)
     say_fallback(choice)
     job = Job(
@@ -72,6 +75,7 @@ def launch(
         timeout=timeout,
         collective_timeout=collective_timeout,
         output=output,
+        debug=debug,
         env=dict(env or {}),
         keep_run_dir=keep_run_dir,
     )
@@ -108,6 +112,7 @@ class Job:
     timeout: float
     collective_timeout: float
     output: str
+    debug: str
     env: dict[str, str]
     keep_run_dir: bool
 
@@ -127,7 +132,9 @@ class Job:
             enabled = self.output != "quiet" and progress_wanted()
             progress = LaunchProgress(output, run_dir / contract.MARKERS, self.world_size, enabled)
             start = time.perf_counter()
-            environment = rank_env(run_dir, self.backend, self.collective_timeout, self.env)
+            environment = rank_env(
+                run_dir, self.backend, self.collective_timeout, self.env, self.debug
+            )
             agents = Agents.start(commands, environment, self.nproc)
             outcome = self._watch(agents, output, progress)
             duration = time.perf_counter() - start

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ..shared.errors import CellSyntaxError, LaunchConfigError
 from .launch import launch
 from .output import OUTPUT_MODES
+from .torchrun import DEBUG_LEVELS
 
 
 class MagicParser(argparse.ArgumentParser):
@@ -57,6 +58,9 @@ def _run_flags(function: Callable) -> dict[tuple[str, ...], dict]:
         ("--collective-timeout",): {"type": float, "default": default("collective_timeout"),
                                     "help": seconds},
         ("--output",): {"choices": OUTPUT_MODES, "default": default("output"), "help": modes},
+        ("--debug",): {"choices": list(DEBUG_LEVELS), "default": default("debug"),
+                       "help": "TORCH_DISTRIBUTED_DEBUG for the ranks; detail: every collective "
+                       "checked to match across ranks, both named if not (default: %(default)s)"},
     }  # fmt: skip
 
 

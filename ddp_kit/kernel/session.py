@@ -69,14 +69,16 @@ class Session:
         collective_timeout: float = 60.0,
         cell_timeout: float = 300.0,
         output: str = "ordered",
+        debug: str = "off",
         env: Mapping[str, str] | None = None,
     ) -> None:
-        validate(nproc, nnodes, cell_timeout, collective_timeout, output)
+        validate(nproc, nnodes, cell_timeout, collective_timeout, output, debug)
         self.nproc, self.nnodes = nproc, nnodes
         self.choice = choose_backend(nproc * nnodes, backend)
         self.collective_timeout = collective_timeout
         self.cell_timeout = cell_timeout
         self.output = output
+        self.debug = debug
         self.env = dict(env or {})
         self.cells_run = 0
         self._fresh = False  # no cell has run on these ranks yet
@@ -118,7 +120,7 @@ class Session:
         host, port = listener.address
         script = write_script(run_dir, SERVER)
         commands = torchrun_commands(script, self.nproc, self.nnodes, run_dir / contract.LOGS)
-        env = rank_env(run_dir, self.choice.backend, self.collective_timeout, self.env)
+        env = rank_env(run_dir, self.choice.backend, self.collective_timeout, self.env, self.debug)
         env.update({contract.SESSION_ADDRESS: f"{host}:{port}",
                     contract.SESSION_KEY_FILE: str(key_file)})  # fmt: skip
         self._agents = agents = Agents.start(commands, env, self.nproc)

@@ -36,7 +36,14 @@ LOOPBACK_RENDEZVOUS = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
                        "--local-addr=127.0.0.1"]  # fmt: skip
 
 
-def validate(nproc: int, nnodes: int, timeout: float, collective: float, output: str) -> None:
+# debug= -> TORCH_DISTRIBUTED_DEBUG: "detail" checks before each collective that every rank calls
+# the same one with the same shapes, and names both when they differ (torch's ProcessGroupWrapper).
+DEBUG_LEVELS = {"off": "OFF", "info": "INFO", "detail": "DETAIL"}
+
+
+def validate(
+    nproc: int, nnodes: int, timeout: float, collective: float, output: str, debug: str = "off"
+) -> None:
     """Refuse bad arguments before anything starts, naming the fix."""
     if not isinstance(nproc, int) or isinstance(nproc, bool) or not 1 <= nproc <= MAX_RANKS:
         raise LaunchConfigError(
@@ -52,6 +59,8 @@ def validate(nproc: int, nnodes: int, timeout: float, collective: float, output:
             raise LaunchConfigError(f"{name}={value!r}: give a positive number of seconds.")
     if output not in OUTPUT_MODES:
         raise LaunchConfigError(f"output={output!r}: use one of {', '.join(OUTPUT_MODES)}.")
+    if debug not in DEBUG_LEVELS:
+        raise LaunchConfigError(f"debug={debug!r}: use one of {', '.join(DEBUG_LEVELS)}.")
 
 
 def make_run_dir() -> Path:
@@ -92,9 +101,14 @@ def free_port() -> int:
 
 
 def rank_env(
-    run_dir: Path, backend: str, collective_timeout: float, extra: Mapping[str, str] | None
+    run_dir: Path,
+    backend: str,
+    collective_timeout: float,
+    extra: Mapping[str, str] | None,
+    debug: str = "off",
 ) -> dict[str, str]:
-    """The environment of every agent and rank: loopback gloo, and where to write results."""
+    """The environment of every agent and rank: loopback gloo, where to write results, and
+    torch's distributed debug level (unless `extra` sets TORCH_DISTRIBUTED_DEBUG itself)."""
     package_parent = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -110,6 +124,8 @@ def rank_env(
         contract.ERROR_DIR: str(run_dir / contract.ERRORS),
         contract.MARKER_DIR: str(run_dir / contract.MARKERS),
     })  # fmt: skip
+    if debug != "off":
+        env["TORCH_DISTRIBUTED_DEBUG"] = DEBUG_LEVELS[debug]
     env.update(extra or {})
     return env
 

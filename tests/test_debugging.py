@@ -1,0 +1,77 @@
+"""Desyncs found with torch's own tools, through the kit (#23): TORCH_DISTRIBUTED_DEBUG=DETAIL
+(`debug="detail"`, `--debug detail`) names both shapes of a mismatched all_reduce,
+`dist.monitored_barrier` names the rank that never came, and gloo's collectives are in torch's
+flight recorder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import ddp_kit
+from ddp_kit import LaunchConfigError, WorkerError
+from ddp_kit.kernel.magic import session_parser, torchrun_parser
+
+pytestmark = pytest.mark.torchrun
+
+MISMATCH = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+x = torch.ones(2 + dist.get_rank())   # rank 0 sends 2 numbers, rank 1 sends 3
+dist.all_reduce(x)
+"""
+
+MONITORED = """
+import time
+from datetime import timedelta
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    time.sleep(10)                     # rank 1 is busy elsewhere
+else:
+    dist.monitored_barrier(timeout=timedelta(seconds=2))
+"""
+
+FLIGHT = """
+import json, torch, torch.distributed as dist
+import torch._C._distributed_c10d as c10d
+dist.init_process_group("gloo")
+x = torch.ones(4)
+dist.all_reduce(x)
+dist.broadcast(x, src=0)
+print(c10d._dump_fr_trace_json().decode())  # bytes of JSON
+dist.destroy_process_group()
+"""
+
+
+def test_debug_detail_names_both_shapes_of_a_mismatched_all_reduce():
+    with pytest.raises(WorkerError) as mismatch:
+        ddp_kit.launch(MISMATCH, 2, debug="detail", collective_timeout=20, output="quiet")
+    message = str(mismatch.value)
+    assert "Detected mismatch between collectives on ranks" in message
+    assert "TensorShape=[2]" in message and "TensorShape=[3]" in message
+    assert torchrun_parser().parse_args(["--debug", "detail"]).debug == "detail"
+    assert session_parser().parse_args([]).debug == "off"
+    with pytest.raises(LaunchConfigError, match="debug='verbose': use one of off, info, detail"):
+        ddp_kit.launch("pass", 2, debug="verbose")
+
+
+def test_monitored_barrier_names_the_rank_that_never_came():
+    with pytest.raises(WorkerError) as missing:
+        ddp_kit.launch(MONITORED, 2, collective_timeout=20, output="quiet")
+    assert "Rank 0 failed" in str(missing.value)
+    assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in str(missing.value)
+
+
+def test_gloo_collectives_are_in_the_flight_recorder():
+    run = ddp_kit.launch(FLIGHT, 2, env={"TORCH_FR_BUFFER_SIZE": "100"}, output="quiet")
+    for rank in (0, 1):
+        trace = json.loads(run.stdout[rank].strip().splitlines()[-1])
+        seen = [(e["collective_seq_id"], e["profiling_name"], e["input_sizes"])
+                for e in trace["entries"]]  # fmt: skip
+        # both collectives, in order, with their shapes ("retired" is set by gloo's thread after
+        # the call returned: not yet, now and then); gloo fills no start or end times
+        assert seen == [(1, "gloo:all_reduce", [[4]]), (2, "gloo:broadcast", [[4]])]
+        assert trace["pg_status"]["0"]["last_enqueued_collective"] == "2"
+        assert {e["time_discovered_completed_ns"] for e in trace["entries"]} == {0}
