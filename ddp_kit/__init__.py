@@ -23,13 +23,15 @@ In the ranks, imported by the students' code:
     worker   rank(), backend(), device(), record()    observe  DDP comm-hook recorder
     traffic  CollectiveCounter                          scratch  data parallelism by hand
     toy      the lessons' data and models              speedup  epoch timing on n ranks
+    divergence  first_divergence, DivergenceWatch: where the ranks' models stop agreeing
 In the notebook, imported by the lessons:
     plots, comparisons  figures          widgets    StepExplorer        exercises  checks
     reference  the one-process run       environment  this machine       facts  asserted facts
 kernel/   the kit's machinery in the kernel: launch, session, channel, magic, torchrun (plumbing),
           output, progress, diagnose, result, script, backend
 rank/     what torchrun starts: agent (torchrun that dies with the kernel), runner (a rank's
-          bootstrap), server (a live rank's loop)
+          bootstrap), server (a live rank's loop), groups (destroyed process groups freed
+          safely), waits (a bound on waits torch ends late), where (a live cell's position)
 shared/   what both sides read and write: contract (the seam: variables, run directory,
           messages), records, failures, markers, errors, processes
 
