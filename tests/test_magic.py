@@ -82,7 +82,7 @@ def test_launch_and_session_share_their_run_options_and_defaults():
     """%%torchrun and %ranks share one flag table, so the options they share mean the same."""
     launch_options = inspect.signature(ddp_kit.launch).parameters
     session_options = inspect.signature(ddp_kit.Session).parameters
-    shared = ["nnodes", "backend", "collective_timeout", "output", "env"]
+    shared = ["nnodes", "backend", "collective_timeout", "output", "debug", "env"]
     for name in shared:
         assert launch_options[name].default == session_options[name].default, name
         assert launch_options[name].annotation == session_options[name].annotation, name

@@ -8,13 +8,13 @@ import threading
 import time
 
 import pytest
-from support import SETUP
+from support import SETUP, wait_until_gone
 
 from ddp_kit.kernel import progress
 from ddp_kit.kernel.session import Session
 from ddp_kit.rank.where import describe
 from ddp_kit.shared.contract import Busy
-from ddp_kit.shared.errors import CellError
+from ddp_kit.shared.errors import CellError, SessionError
 
 ONE_RANK_ALL_REDUCE = "x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)\n"
 
@@ -114,3 +114,30 @@ def test_the_start_line_counts_the_ranks_that_connected(monkeypatch):
         " · 0 s",
         "[ddp_kit] 4 live ranks connected in 6.1 s",
     ]
+
+
+@pytest.mark.torchrun
+def test_an_idle_session_stops_itself_and_the_next_cell_says_so():
+    session = Session(2, idle_timeout=3, output="quiet")
+    try:
+        assert "memory (RSS) " in session.status() and " MiB" in session.status()
+        session.run("x = 1")
+        time.sleep(2)
+        session.run("x += 1")  # a cell restarts the clock
+        time.sleep(2)
+        assert session.running
+        deadline = time.monotonic() + 20
+        while session.running and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not session.running
+        with pytest.raises(
+            SessionError,
+            match=r"stopped after 0\.\d min without a cell "
+            r"\(idle_timeout=3 s\), to free their memory \(\d\.\d\d GiB in all",
+        ):
+            session.run("x")  # fmt: skip
+        session.start()
+        assert session.run("print(2)").stdout == ["2\n", "2\n"]
+    finally:
+        session.close()
+    assert wait_until_gone(5) == []

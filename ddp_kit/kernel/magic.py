@@ -123,6 +123,12 @@ def session_parser() -> MagicParser:
             "help": "seconds a cell may run before its ranks are interrupted "
             "(default: %(default)s)",
         },
+        ("--idle-timeout",): {
+            "type": float,
+            "default": default_of(Session, "idle_timeout"),
+            "help": "seconds without a cell after which the ranks stop to free their memory; "
+            "the next cell says so (default: %(default)s)",
+        },
         ("--name",): {
             "type": variable_name,
             "default": "session",

@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import atexit
 import shutil
+import threading
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..shared import contract
 from ..shared.contract import Exit, Flush, Pull, PullFailed, RunCell
-from ..shared.errors import CellError, Interrupted, SessionError
+from ..shared.errors import CellError, Interrupted, LaunchConfigError, SessionError
 from ..shared.failures import RankFailure
 from ..shared.records import Records
 from . import diagnose
@@ -71,8 +75,12 @@ class Session:
         output: str = "ordered",
         debug: str = "off",
         env: Mapping[str, str] | None = None,
+        idle_timeout: float = 1800.0,
     ) -> None:
         validate(nproc, nnodes, cell_timeout, collective_timeout, output, debug)
+        if not isinstance(idle_timeout, (int, float)) or not idle_timeout > 0:
+            raise LaunchConfigError(f"idle_timeout={idle_timeout!r}: give a positive number of "
+                                    "seconds (the default, 1800, is 30 minutes).")  # fmt: skip
         self.nproc, self.nnodes = nproc, nnodes
         self.choice = choose_backend(nproc * nnodes, backend)
         self.collective_timeout = collective_timeout
@@ -80,6 +88,10 @@ class Session:
         self.output = output
         self.debug = debug
         self.env = dict(env or {})
+        self.idle_timeout = idle_timeout
+        self.idle_stopped = ""  # why the ranks were stopped for being idle, said at the next cell
+        self._last_used = time.monotonic()
+        self._busy = threading.Lock()  # held while a cell or a request runs
         self.cells_run = 0
         self._fresh = False  # no cell has run on these ranks yet
         self.started_at = 0.0
@@ -143,6 +155,11 @@ class Session:
         self.started_at = time.time()
         self.start_seconds = time.perf_counter() - begin
         self._fresh = True
+        self._last_used = time.monotonic()
+        self.idle_stopped = ""
+        agents = self._agents
+        threading.Thread(target=self._stop_when_idle, args=(agents,), daemon=True,
+                         name="ddp_kit-idle-watch").start()  # fmt: skip
 
     def close(self) -> None:
         """Stop every rank and agent (the ranks leave their process group first)."""
@@ -175,7 +192,8 @@ class Session:
         up = time.time() - self.started_at
         return (
             f"{self.world_size} live ranks, {self.choice.backend} on {self.choice.device}, "
-            f"up {up:.0f} s, {self.cells_run} cells run; pids {{{pids}}}"
+            f"up {up:.0f} s, {self.cells_run} cells run; pids {{{pids}}}; memory (RSS) "
+            f"{self.memory_text()}; stops after {self.idle_timeout / 60:g} min idle"
         )
 
     def where(self) -> str:
@@ -213,6 +231,10 @@ class Session:
         cell on fresh ranks failed only because gloo could not connect them, before any
         printed, the ranks are restarted and the cell runs once more, with a note.
         """
+        with self._in_use():
+            return self._run(code, ranks, check)
+
+    def _run(self, code: str, ranks: Iterable[int] | None, check: bool) -> CellResult:
         targets = self._targets(ranks)
         self.cells_run += 1
         name = f"<cell {self.cells_run}>"
@@ -327,6 +349,8 @@ class Session:
         if not self.running:
             if self._agents is not None:
                 self._discard()
+            if self.idle_stopped:
+                raise SessionError(self.idle_stopped)
             raise SessionError("No live ranks: start them with `%ranks start -n 4` or Session().")
         targets = sorted(set(range(self.world_size) if ranks is None else ranks))
         bad = [r for r in targets if r not in self._channel.conns]
@@ -338,6 +362,10 @@ class Session:
 
     def _request(self, targets: list[int], message: tuple) -> dict[int, tuple]:
         """Send `message` to `targets` and return their replies (no output is shown)."""
+        with self._in_use():
+            return self._request_once(targets, message)
+
+    def _request_once(self, targets: list[int], message: tuple) -> dict[int, tuple]:
         self._channel.send(targets, message)
         quiet = RankPrinter(targets, "quiet")
         replies, stop = self._channel.collect(targets, quiet.write, self.cell_timeout)
@@ -368,6 +396,53 @@ class Session:
             f"{START_TIMEOUT:g} s; the ranks were stopped.{diagnose.stderr_tails(stderr)}"
             + (f"\n--- torchrun ---\n{agent_tail}" if agent_tail else "")
         )
+
+    @contextmanager
+    def _in_use(self):
+        """While a cell or a request runs: the idle watch waits, and the clock restarts."""
+        with self._busy:
+            self._last_used = time.monotonic()
+            try:
+                yield
+            finally:
+                self._last_used = time.monotonic()
+
+    def _stop_when_idle(self, agents: Agents) -> None:
+        """Stop these ranks once no cell has run for idle_timeout seconds (a 4-rank session
+        holds over a GiB); the next cell says so. Ends when the ranks are replaced."""
+        while self._agents is agents:
+            time.sleep(min(1.0, self.idle_timeout / 4))
+            idle = time.monotonic() - self._last_used
+            if idle < self.idle_timeout or not self._busy.acquire(blocking=False):
+                continue
+            try:
+                if self._agents is agents:
+                    held = self.memory_text()
+                    self.close()
+                    self.idle_stopped = (
+                        f"The live ranks were stopped after {idle / 60:.1f} min without a cell "
+                        f"(idle_timeout={self.idle_timeout:g} s), to free their memory "
+                        f"({held}). Their variables are gone: start them again with "
+                        "`%ranks start` (or session.start()) and rerun the set-up cells."
+                    )
+            finally:
+                self._busy.release()
+            return
+
+    def memory(self) -> dict[int, int]:
+        """Each rank's resident memory in bytes (RSS)."""
+        sizes = {}
+        for rank, pid in sorted(self._channel.pids.items()):
+            try:
+                sizes[rank] = psutil.Process(pid).memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        return sizes
+
+    def memory_text(self) -> str:
+        sizes = self.memory()
+        each = ", ".join(f"{rank}: {size / 2**20:.0f} MiB" for rank, size in sizes.items())
+        return f"{sum(sizes.values()) / 2**30:.2f} GiB in all; per rank {each}"
 
     def _discard(self) -> None:
         """Stop whatever is left of the processes; forget connections and the run directory."""
