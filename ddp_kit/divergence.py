@@ -6,9 +6,10 @@ per-rank randomness, `no_sync` never left), `first_divergence` names the first p
 buffer whose copies differ, by how much, and on which ranks; `DivergenceWatch`, checked every
 step, also names the first step.
 
-Every rank must call them at the same point (they are collectives: an all_gather per tensor,
-not counted by CollectiveCounter), and every rank gets the same answer. "Differ" means "not
-equal" unless `atol` is given.
+Every rank must call them at the same point: they are collectives (an all_gather_object of the
+names, shapes and dtypes, then an all_gather per tensor until one differs; not counted by
+CollectiveCounter), and every rank gets the same answer. "Differ" means not the same bit for
+bit unless `atol` is given; a NaN in one copy where rank 0's has none always differs.
 """
 
 from __future__ import annotations
@@ -30,18 +31,24 @@ Tensors = nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Ten
 @dataclass(frozen=True)
 class Divergence:
     """The first tensor whose copies differ: its name, the largest |difference| from rank 0's
-    copy (inf: a rank has no such tensor, or another shape), the ranks that differ from rank 0,
-    and the step (DivergenceWatch)."""
+    copy (nan: a NaN in some copies but not in the same places in rank 0's), the ranks that
+    differ from rank 0, whether the difference is in the layout (a rank has no such tensor, or
+    another shape or dtype: then there is no max_diff), and the step (DivergenceWatch)."""
 
     name: str
     max_diff: float
     ranks: list[int]
     step: int | None = None
+    layout: bool = False
 
     def __str__(self) -> str:
         when = f"step {self.step}: " if self.step is not None else ""
-        how = "is missing or has another shape" if math.isinf(self.max_diff) else (
-            f"differs from rank 0's copy (max |diff| {self.max_diff:.3g})")  # fmt: skip
+        if self.layout:
+            how = "is missing, or has another shape or dtype,"
+        elif math.isnan(self.max_diff):
+            how = "differs from rank 0's copy (NaN where the other copy has none)"
+        else:
+            how = f"differs from rank 0's copy (max |diff| {self.max_diff:.3g})"
         ranks = ", ".join(map(str, self.ranks))
         return f"{when}{self.name!r} {how} on rank{'s' if len(self.ranks) > 1 else ''} {ranks}"
 
@@ -55,32 +62,51 @@ def named_tensors(tensors: Tensors) -> list[tuple[str, torch.Tensor]]:
     return list(items)
 
 
+def difference(copy: torch.Tensor, ref: torch.Tensor, atol: float) -> float | None:
+    """None if `copy` is the same as `ref` (bit for bit when atol is 0, else within atol, NaN
+    where `ref` has NaN); else the max |difference| (nan if NaN is where `ref` has none)."""
+    if atol == 0 and torch.equal(copy.view(torch.uint8), ref.view(torch.uint8)):
+        return None
+    a, b = copy.double(), ref.double()
+    if not torch.equal(a.isnan(), b.isnan()):
+        return math.nan
+    both = ~a.isnan()
+    gap = (a[both] - b[both]).abs()
+    biggest = gap.max().item() if gap.numel() else 0.0
+    if atol == 0:
+        return biggest  # the bits differ, even if no value does (-0.0 and 0.0)
+    return None if biggest <= atol else biggest
+
+
 def first_divergence(tensors: Tensors, atol: float = 0.0) -> Divergence | None:
-    """The first tensor (in the model's order) whose copies differ across ranks by more than
-    `atol`, or None if every rank holds the same. A collective: call it on every rank."""
+    """The first tensor (in the model's order) whose copies differ across ranks (bit for bit,
+    or by more than `atol`), or None if every rank holds the same. A collective: call it on
+    every rank, at the same point."""
     named = named_tensors(tensors)
     world = dist.get_world_size()
     layouts: list = [None] * world
-    uncounted("all_gather_object")(layouts, [(n, tuple(t.shape)) for n, t in named])
-    for index, (name, _) in enumerate(layouts[0]):
+    mine = [(n, tuple(t.shape), str(t.dtype)) for n, t in named]
+    uncounted("all_gather_object")(layouts, mine)
+    for index, (name, _, _) in enumerate(layouts[0]):
         differ = [r for r in range(world) if index >= len(layouts[r])
                   or layouts[r][index] != layouts[0][index]]  # fmt: skip
         if differ:
-            return Divergence(name, math.inf, differ)
-    if any(len(layout) != len(layouts[0]) for layout in layouts):
-        extra = [r for r in range(world) if len(layouts[r]) != len(layouts[0])]
-        return Divergence(f"(tensors after {layouts[0][-1][0] if layouts[0] else 'none'})",
-                          math.inf, extra)  # fmt: skip
+            return Divergence(name, math.nan, differ, layout=True)
+    longer = [r for r in range(world) if len(layouts[r]) != len(layouts[0])]
+    if longer:
+        last = layouts[0][-1][0] if layouts[0] else "nothing"
+        return Divergence(f"(tensors after {last})", math.nan, longer, layout=True)
     gather = uncounted("all_gather")
     for name, tensor in named:
-        mine = tensor.detach().contiguous()
-        copies = [torch.empty_like(mine) for _ in range(world)]
-        gather(copies, mine)
-        diffs = [(copy.double() - copies[0].double()).abs().max().item() if copy.numel()
-                 else 0.0 for copy in copies]  # fmt: skip
-        differ = [r for r, diff in enumerate(diffs) if diff > atol]
+        local = tensor.detach().contiguous()
+        copies = [torch.empty_like(local) for _ in range(world)]
+        gather(copies, local)
+        gaps = {r: difference(copies[r], copies[0], atol) for r in range(1, world)}
+        differ = sorted(r for r, gap in gaps.items() if gap is not None)
         if differ:
-            return Divergence(name, max(diffs), differ)
+            found = [gaps[r] for r in differ]
+            worst = math.nan if any(math.isnan(g) for g in found) else max(found)
+            return Divergence(name, worst, differ)
     return None
 
 

@@ -34,9 +34,12 @@ def test_where_names_the_waiting_rank_and_line_long_before_the_timeout():
         with pytest.raises(CellError) as hung:
             session.run(ONE_RANK_ALL_REDUCE)
         prober.join()
+        after = session.where()  # the session was restarted: the last cell's positions stay
     assert seen["where"].startswith("The running cell:\nrank 0, ")
     assert "cell line 3: dist.all_reduce(x)\n  in torch.distributed: all_reduce (" in seen["where"]
     assert seen["where"].endswith("ranks 1-3: done")
+    assert after.startswith("The last cell; where its ranks last said they were:\nrank 0, ")
+    assert "cell line 3: dist.all_reduce(x)" in after and after.endswith("ranks 1-3: done")
     assert "Ranks 1-3 finished the cell and never joined that collective." in str(hung.value)
     assert "`--collective-timeout` on %%torchrun and %ranks start" in str(hung.value)
 

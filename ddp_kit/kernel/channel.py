@@ -57,6 +57,7 @@ class Channel:
         self.pids: dict[int, int] = {}
         # The latest collect's ranks that have not replied, and where each busy one said it was
         # (readable from another thread while a cell runs: Session.where()).
+        self.targets: list[int] = []
         self.running: set[int] = set()
         self.busy: dict[int, Busy] = {}
         self.cell = ""  # the name of the cell sent last
@@ -104,7 +105,7 @@ class Channel:
         INTERRUPT_GRACE seconds to answer."""
         pending = {self.conns[rank]: rank for rank in ranks}
         replies: dict[int, tuple] = {}
-        self.running, self.busy = set(ranks), {}
+        self.targets, self.running, self.busy = list(ranks), set(ranks), {}
         deadline = time.monotonic() + timeout
         try:
             while pending:

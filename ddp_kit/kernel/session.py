@@ -92,6 +92,8 @@ class Session:
         self.idle_stopped = ""  # why the ranks were stopped for being idle, said at the next cell
         self._last_used = time.monotonic()
         self._busy = threading.Lock()  # held while a cell or a request runs
+        # the last cell: its ranks, those that did not finish it, and where they said they were
+        self._last_cell: tuple[list[int], set[int], dict] = ([], set(), {})
         self.cells_run = 0
         self._fresh = False  # no cell has run on these ranks yet
         self.started_at = 0.0
@@ -198,21 +200,26 @@ class Session:
 
     def where(self) -> str:
         """Where each rank of the running cell is: its cell lines and the torch function it
-        is in (a rank says so once its cell has run 2 s); ranks that finished say done.
-        Callable from another thread while a cell runs. With no cell running: where the ranks
-        were when the last cell stopped, if it ran that long."""
+        is in (a rank says so once its cell has run 2 s); its ranks that finished say done.
+        Callable from another thread while a cell runs. With no cell running: where the last
+        cell's ranks that did not finish it (they failed, or were stopped) last said they were,
+        kept across the restart that may have followed."""
         channel = self._channel
         if channel.running:
-            ranks = sorted(channel.running | set(channel.conns))
-            return "The running cell:\n" + positions(ranks, channel.running, channel.busy, True)
-        if not channel.busy:
+            return "The running cell:\n" + positions(
+                channel.targets, channel.running, channel.busy, stacks=True
+            )
+        targets, unfinished, busy = self._last_cell
+        if not busy:
             return "No cell is running, and the last one ran too briefly to say where it was."
-        return "The last cell; where its ranks last said they were:\n" + self._last_positions(True)
+        return "The last cell; where its ranks last said they were:\n" + positions(
+            targets, unfinished & set(busy), busy, stacks=True
+        )
 
     def _last_positions(self, stacks: bool) -> str:
-        """Where the last cell's ranks last said they were (those that said nothing: done)."""
-        busy = self._channel.busy
-        return positions(sorted(set(busy) | set(self._channel.conns)), set(busy), busy, stacks)
+        """Where the last cell's unfinished ranks last said they were (the others: done)."""
+        targets, unfinished, busy = self._last_cell
+        return positions(targets, unfinished & set(busy), busy, stacks)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "closed"
@@ -305,6 +312,8 @@ class Session:
             status.end()
         printer.end_lines()
         found = [RankFailure(**reply.failure) for reply in replies.values() if reply.failure]
+        finished = {rank for rank, reply in replies.items() if not reply.failure}
+        self._last_cell = (targets, set(targets) - finished, dict(self._channel.busy))
         result = CellResult(
             targets,
             [printer.text(r, "stdout") if r in targets else "" for r in range(self.world_size)],
@@ -319,7 +328,7 @@ class Session:
         ones. Returns the notes that say what happened, where the ranks were when the cell
         stopped or hung (if it ran long enough for them to say), and what is kept or lost."""
         where = []
-        if self._channel.busy and stop is not None:
+        if self._last_cell[2] and stop is not None:
             where = ["Where the ranks were: " + self._last_positions(stacks=False)]
         if stop is not None and stop.lost is not None:
             codes = self._exit_codes()
@@ -408,8 +417,9 @@ class Session:
                 self._last_used = time.monotonic()
 
     def _stop_when_idle(self, agents: Agents) -> None:
-        """Stop these ranks once no cell has run for idle_timeout seconds (a 4-rank session
-        holds over a GiB); the next cell says so. Ends when the ranks are replaced."""
+        """Stop these ranks once nothing has used them (a cell, a pull, records) for
+        idle_timeout seconds (a 4-rank session holds over a GiB); the next cell says so. Ends
+        when the ranks are replaced."""
         while self._agents is agents:
             time.sleep(min(1.0, self.idle_timeout / 4))
             idle = time.monotonic() - self._last_used
