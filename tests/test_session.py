@@ -213,10 +213,16 @@ def test_kit_messages_in_a_shell_are_one_short_message_with_no_kit_frame(shell, 
     assert 'File "<cell' in syntax and "SyntaxError: '(' was never closed" in syntax
     assert kit_frames(syntax) == [] and "magic.py" not in syntax
 
-    timer = threading.Timer(3, lambda: os.kill(os.getpid(), signal.SIGINT))  # the stop button
+    # the stop button: SIGINT, which a kernel turns into KeyboardInterrupt while a cell runs
+    # (even if this test run was started as a background job, with SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(3, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
-    interrupted = shown("%%ranks\nimport time\ntime.sleep(30)\n")
-    timer.join()
+    try:
+        interrupted = shown("%%ranks\nimport time\ntime.sleep(30)\n")
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
     stopped = "KeyboardInterrupt: The cell was interrupted; ranks [0, 1] were interrupted."
     assert stopped in interrupted
     assert "Traceback" not in interrupted and kit_frames(interrupted) == []
