@@ -92,7 +92,7 @@ def test_the_status_line_appears_only_once_a_rank_said_where(monkeypatch):
     assert shown == []  # nothing said yet: a short cell shows no line
     Channel.busy = {0: Busy("<cell 1>", "cell line 1: time.sleep(9)", "", 3.0)}
     status.update()
-    status.end()
+    status.finish()
     assert shown[0] == (
         "[ddp_kit] rank 0: cell line 1: time.sleep(9), 3 s · rank 1: running (a rank says "
         "where after 2 s)"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..shared import contract
-from ..shared.contract import Busy
+from ..shared.contract import BUSY_AFTER, Busy
 from ..shared.markers import STARTED, ranks_marked
 from .output import RankOutput
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from .channel import Channel
 
 UPDATE_SECONDS = 0.5
-BUSY_AFTER = 2.0  # a live rank says where its cell is once it has run this long (rank.where)
 COLLECTIVES = "(in torch.distributed: "  # a place inside torch.distributed (rank.where)
 
 
@@ -38,38 +37,60 @@ def wanted() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-class LaunchProgress:
+class StatusLine:
+    """One line of text shown in place under the cell (IPython's display handle), refreshed
+    at most every UPDATE_SECONDS; nothing at all unless `enabled`."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.handle = None
+
+    def due(self) -> bool:
+        """Whether it is time to refresh the line (then the clock restarts)."""
+        now = time.monotonic()
+        if not self.enabled or now - self.last < UPDATE_SECONDS:
+            return False
+        self.last = now
+        return True
+
+    def show(self, text: str) -> None:
+        """Show `text`, replacing the line (the first call puts it under the cell)."""
+        if not self.enabled:
+            return
+        if self.handle is None:
+            from IPython.display import display
+
+            self.handle = display(_Line(text), display_id=True)
+        else:
+            self.handle.update(_Line(text))
+
+    def end(self, summary: str) -> None:
+        """Replace a line that was shown with `[ddp_kit] summary`."""
+        if self.handle is not None:
+            self.handle.update(_Line(f"[ddp_kit] {summary}"))
+
+
+class LaunchProgress(StatusLine):
     """Counts ranks started (torchrun created their logs: rendezvous is done) and ranks
     running the script (the runner marked them), and shows it with the elapsed time."""
 
     def __init__(
         self, output: RankOutput, marker_dir: Path, world_size: int, enabled: bool
     ) -> None:
+        super().__init__(enabled)
         self.output = output
         self.marker_dir = Path(marker_dir)
         self.world_size = world_size
-        self.start = time.monotonic()
-        self.last = 0.0
-        self.handle = None
-        if enabled:
-            from IPython.display import display
-
-            self.handle = display(self._text(), display_id=True)
+        self.show(self._text())
 
     def update(self) -> None:
         """Refresh the line (at most every UPDATE_SECONDS)."""
-        now = time.monotonic()
-        if self.handle is None or now - self.last < UPDATE_SECONDS:
-            return
-        self.last = now
-        self.handle.update(self._text())
+        if self.due():
+            self.show(self._text())
 
-    def end(self, summary: str) -> None:
-        """Replace the line with a summary of the run."""
-        if self.handle is not None:
-            self.handle.update(_Line(f"[ddp_kit] {summary}"))
-
-    def _text(self) -> _Line:
+    def _text(self) -> str:
         elapsed = time.monotonic() - self.start
         started = self.output.ranks_started()
         running = len(ranks_marked(self.marker_dir, STARTED))
@@ -80,37 +101,22 @@ class LaunchProgress:
                 f"rendezvous done; {started}/{self.world_size} ranks started, "
                 f"{running}/{self.world_size} running the script (after `import torch`)"
             )
-        return _Line(f"[ddp_kit] {state} · {elapsed:.0f} s")
+        return f"[ddp_kit] {state} · {elapsed:.0f} s"
 
 
-class StartProgress:
-    """While live ranks start: how many connected back, and the seconds (shown as
-    LaunchProgress is); replaced by nothing once they are ready (the caller says so)."""
+class StartProgress(StatusLine):
+    """While live ranks start: how many connected back, and the seconds; the caller ends it
+    with what happened."""
 
     def __init__(self, world_size: int, enabled: bool) -> None:
-        self.world_size, self.enabled = world_size, enabled
-        self.start = time.monotonic()
-        self.last = 0.0
-        self.handle = None
+        super().__init__(enabled)
+        self.world_size = world_size
 
     def update(self, connected: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or now - self.last < UPDATE_SECONDS:
-            return
-        self.last = now
-        line = _Line(f"[ddp_kit] starting {self.world_size} live ranks (torchrun, then "
-                     f"`import torch` on each): {connected}/{self.world_size} connected · "
-                     f"{now - self.start:.0f} s")  # fmt: skip
-        if self.handle is None:
-            from IPython.display import display
-
-            self.handle = display(line, display_id=True)
-        else:
-            self.handle.update(line)
-
-    def end(self, summary: str) -> None:
-        if self.handle is not None:
-            self.handle.update(_Line(f"[ddp_kit] {summary}"))
+        if self.due():
+            self.show(f"[ddp_kit] starting {self.world_size} live ranks (torchrun, then "
+                      f"`import torch` on each): {connected}/{self.world_size} connected · "
+                      f"{time.monotonic() - self.start:.0f} s")  # fmt: skip
 
 
 class _Line:
@@ -165,33 +171,20 @@ def positions(ranks: list[int], running: set[int], busy: dict[int, Busy], stacks
     return ("\n" if stacks else " · ").join(parts)
 
 
-class CellStatus:
+class CellStatus(StatusLine):
     """While a live cell runs past BUSY_AFTER seconds: one line, updated in place, of where
-    each rank is (shown as LaunchProgress is: in a Jupyter kernel, not with
-    DDP_KIT_PROGRESS=0). A cell that ends sooner shows nothing."""
+    each rank is. A cell that ends sooner shows nothing."""
 
     def __init__(self, channel: Channel, ranks: list[int], enabled: bool) -> None:
-        self.channel, self.ranks, self.enabled = channel, ranks, enabled
-        self.start = time.monotonic()
-        self.last = 0.0
-        self.handle = None
+        super().__init__(enabled)
+        self.channel, self.ranks = channel, ranks
 
     def update(self) -> None:
-        now = time.monotonic()
-        if not self.enabled or not self.channel.busy or now - self.last < UPDATE_SECONDS:
-            return
-        self.last = now
-        line = _Line("[ddp_kit] " + positions(self.ranks, self.channel.running,
-                                              self.channel.busy, stacks=False))  # fmt: skip
-        if self.handle is None:
-            from IPython.display import display
+        if self.channel.busy and self.due():
+            self.show("[ddp_kit] " + positions(self.ranks, self.channel.running,
+                                               self.channel.busy, stacks=False))  # fmt: skip
 
-            self.handle = display(line, display_id=True)
-        else:
-            self.handle.update(line)
-
-    def end(self) -> None:
-        if self.handle is not None:
-            seconds = time.monotonic() - self.start
-            self.handle.update(_Line(f"[ddp_kit] the cell ran for {seconds:.1f} s on "
-                                     f"{span(self.ranks)}"))  # fmt: skip
+    def finish(self) -> None:
+        """Replace a shown line with how long the cell ran."""
+        seconds = time.monotonic() - self.start
+        self.end(f"the cell ran for {seconds:.1f} s on {span(self.ranks)}")

@@ -159,7 +159,6 @@ class Session:
         self._fresh = True
         self._last_used = time.monotonic()
         self.idle_stopped = ""
-        agents = self._agents
         threading.Thread(target=self._stop_when_idle, args=(agents,), daemon=True,
                          name="ddp_kit-idle-watch").start()  # fmt: skip
 
@@ -209,12 +208,9 @@ class Session:
             return "The running cell:\n" + positions(
                 channel.targets, channel.running, channel.busy, stacks=True
             )
-        targets, unfinished, busy = self._last_cell
-        if not busy:
+        if not self._last_cell[2]:
             return "No cell is running, and the last one ran too briefly to say where it was."
-        return "The last cell; where its ranks last said they were:\n" + positions(
-            targets, unfinished & set(busy), busy, stacks=True
-        )
+        return "The last cell; where its ranks last said they were:\n" + self._last_positions(True)
 
     def _last_positions(self, stacks: bool) -> str:
         """Where the last cell's unfinished ranks last said they were (the others: done)."""
@@ -309,7 +305,7 @@ class Session:
             printer.show_rest()
             raise
         finally:
-            status.end()
+            status.finish()
         printer.end_lines()
         found = [RankFailure(**reply.failure) for reply in replies.values() if reply.failure]
         finished = {rank for rank, reply in replies.items() if not reply.failure}

@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from ..shared.contract import Busy
+from ..shared.contract import BUSY_AFTER, Busy
 
-BUSY_AFTER = 2.0
 BUSY_EVERY = 1.0
 _TORCH = f"{os.sep}torch{os.sep}"
 _DECORATORS = ("c10d_logger.py",)  # torch's wrappers around the collectives: not the call

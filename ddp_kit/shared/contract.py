@@ -109,6 +109,9 @@ class Output(NamedTuple):
     text: str
 
 
+BUSY_AFTER = 2.0  # seconds a cell runs before its rank first says where it is (Busy)
+
+
 class Busy(NamedTuple):
     cell: str  # the running cell's name
     where: str  # "cell line 3: dist.all_reduce(x) (in torch.distributed: all_reduce)"
