@@ -66,6 +66,7 @@ SETUP = """
 import time
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_kit.worker import backend, record
 dist.init_process_group(backend())
 rank = dist.get_rank()

@@ -161,7 +161,7 @@ def test_introduction_runs_in_jupyterlab(lab, browser):
     stdout = "".join(o["text"] for o in outputs_of(cells, "stream") if o["name"] == "stdout")
     for rank in range(4):
         assert f"[rank {rank}] hello from rank {rank} of 4" in stdout
-    assert "[rank 3] after all_reduce every rank holds 6" in stdout
+    assert "[ranks 0-3] after all_reduce every rank holds 6" in stdout
     shown = [o["data"].get("text/plain", "") for o in outputs_of(cells, "display_data")]
     assert any(text.startswith("[ddp_kit] 4 ranks ran for") for text in shown), shown
     screenshot(page, "00_introduction", 5)  # the %%torchrun hello-world cell

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import WORKERS
 
 import ddp_kit
 from ddp_kit import LaunchConfigError, WorkerError
+from ddp_kit.kernel import diagnose
 from ddp_kit.kernel.magic import session_parser, torchrun_parser
 
 pytestmark = pytest.mark.torchrun
@@ -75,3 +77,17 @@ def test_gloo_collectives_are_in_the_flight_recorder():
         assert seen == [(1, "gloo:all_reduce", [[4]]), (2, "gloo:broadcast", [[4]])]
         assert trace["pg_status"]["0"]["last_enqueued_collective"] == "2"
         assert {e["time_discovered_completed_ns"] for e in trace["entries"]} == {0}
+
+
+def test_debug_info_names_the_unused_parameters_and_detail_with_ddp_is_said_to_crash():
+    run = ddp_kit.launch(WORKERS / "unused.py", 2, debug="info", output="quiet")
+    for rank in (0, 1):
+        assert run.stdout[rank] == (
+            f"Parameters which did not receive grad for rank {rank}: unused.bias, unused.weight\n"
+            f"Parameter indices which did not receive grad for rank {rank}: 2 3\n"
+        )
+    # torch 2.13: DDP's constructor on a group made under DETAIL kills the rank (SIGSEGV)
+    with pytest.raises(WorkerError) as crashed:
+        ddp_kit.launch(WORKERS / "unused.py", 2, debug="detail", output="quiet")
+    assert "no rank raised a Python exception" in str(crashed.value)
+    assert diagnose.DETAIL_CRASH in str(crashed.value)

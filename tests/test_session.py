@@ -226,4 +226,4 @@ def test_kit_messages_in_a_shell_are_one_short_message_with_no_kit_frame(shell, 
     stopped = "KeyboardInterrupt: The cell was interrupted; ranks [0, 1] were interrupted."
     assert stopped in interrupted
     assert "Traceback" not in interrupted and kit_frames(interrupted) == []
-    assert shown("%%ranks\nprint('still', 1)\n") == "[rank 0] still 1\n[rank 1] still 1\n"
+    assert shown("%%ranks\nprint('still', 1)\n") == "[ranks 0-1] still 1\n"

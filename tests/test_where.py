@@ -87,7 +87,7 @@ def test_the_status_line_appears_only_once_a_rank_said_where(monkeypatch):
     class Channel:
         running, busy = {0, 1}, {}
 
-    status = progress.CellStatus(Channel, [0, 1], enabled=True)
+    status = progress.CellStatus(Channel, [0, 1], enabled=True, collective_timeout=60)
     status.update()
     assert shown == []  # nothing said yet: a short cell shows no line
     Channel.busy = {0: Busy("<cell 1>", "cell line 1: time.sleep(9)", "", 3.0)}
@@ -98,6 +98,19 @@ def test_the_status_line_appears_only_once_a_rank_said_where(monkeypatch):
         "where after 2 s)"
     )
     assert shown[1].startswith("[ddp_kit] the cell ran for ") and shown[1].endswith("on ranks 0-1")
+
+    # rank 0 waits in a collective that rank 1, done with the cell, never joined
+    Channel.running = {0}
+    Channel.busy = {0: Busy("<cell 2>", "cell line 3: dist.all_reduce(x) (in torch.distributed: "
+                            "all_reduce)", "", 5.0)}  # fmt: skip
+    status = progress.CellStatus(Channel, [0, 1], enabled=True, collective_timeout=60)
+    status.update()
+    assert shown[2] == (
+        "[ddp_kit] rank 0: cell line 3: dist.all_reduce(x) (in torch.distributed: all_reduce), "
+        "5 s · rank 1: done · rank 1 finished the cell without that collective: is it under `if "
+        "rank == ...`, or after a loop the ranks ran unequally? · " + progress.what_next(60)
+    )
+    assert "collective timeout (60 s)" in shown[2] and "keeps every variable" in shown[2]
 
 
 def test_the_start_line_counts_the_ranks_that_connected(monkeypatch):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..shared import contract
 from ..shared.failures import RankFailure, earliest
-from .progress import span
+from .output import span
 from .result import RunResult
 
 # What a rank's error says when its collective waited for ranks that never came (gloo's timeout)
@@ -30,12 +30,23 @@ STORE_SIGN = re.compile(r"while trying to connect to \(([^,]+), (\d+)\)")
 
 SOURCE_TAG = re.compile(r"\[(?:\.\.)?/\S+:\d+\] ")  # gloo's "[/path/to/file.cc:78] " prefix
 
+# torch 2.13 (CPU build, seen on gloo): DistributedDataParallel(model) on a process group made
+# under TORCH_DISTRIBUTED_DEBUG=DETAIL kills the rank with SIGSEGV, in
+# c10d::Logger::set_env_variables (called by DDP's constructor); docs/upstream.md.
+DETAIL_CRASH = (
+    "Under `--debug detail` (TORCH_DISTRIBUTED_DEBUG=DETAIL) torch 2.13 crashes a rank that "
+    "builds DistributedDataParallel (SIGSEGV in c10d::Logger::set_env_variables, DDP's "
+    "constructor). Use `--debug info` with DDP models (DDP then still names the parameters "
+    "that got no gradient); keep detail for checking plain collectives."
+)
+
 HANG_HELP = (
     "A collective (all_reduce, barrier, DDP's gradient sync...) waited for ranks that never "
     "joined it. Usual causes: a collective inside `if rank == 0:`, ranks with different numbers "
-    "of batches, or another rank that crashed. Every rank must call the same collectives in the "
-    "same order. If the job is only slow, raise collective_timeout= (`--collective-timeout` "
-    "on %%torchrun and %ranks start)."
+    "of batches (a DistributedSampler gives every rank the same number; for uneven inputs, "
+    "Join), a `break` that only some ranks take, or another rank that crashed. Every rank must "
+    "call the same collectives in the same order. If the job is only slow, raise "
+    "collective_timeout= (`--collective-timeout` on %%torchrun and %ranks start)."
 )
 
 
@@ -140,7 +151,12 @@ def failure_signs(text: str) -> str:
     return ", ".join(sorted({s for s in FAILURE_SIGNS if s in text})) or "none"
 
 
-def explain(result: RunResult, timeout: float) -> Explanation:
+def detail_crash_note(debug: str, exit_text: str) -> str | None:
+    """DETAIL_CRASH if the ranks ran under debug="detail" and one died of SIGSEGV."""
+    return DETAIL_CRASH if debug == "detail" and "SIGSEGV" in exit_text else None
+
+
+def explain(result: RunResult, timeout: float, debug: str = "off") -> Explanation:
     """What failed in a launch, where, and what to do."""
     if result.interrupted:
         return Explanation(
@@ -156,7 +172,8 @@ def explain(result: RunResult, timeout: float) -> Explanation:
         return Explanation(
             f"torchrun exited with code {result.returncode}, but no rank raised a Python "
             "exception (a rank may have called sys.exit/os._exit, or crashed)."
-            + stderr_tails(result.stderr)
+            + stderr_tails(result.stderr),
+            detail_crash_note(debug, result.agent_log) or "",
         )
     failed = {f.rank for f in result.failures}
     finished = [r for r in result.completed if r not in failed]

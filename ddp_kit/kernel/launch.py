@@ -46,7 +46,7 @@ def launch(
     backend: str = "auto",
     timeout: float = 300.0,
     collective_timeout: float = 60.0,
-    output: str = "ordered",
+    output: str = "collapsed",
     debug: str = "off",
     env: Mapping[str, str] | None = None,
     keep_run_dir: bool = False,
@@ -94,7 +94,7 @@ def launch(
         raise Interrupted(diagnose.explain(result, timeout).message)
     if check and not result.ok:
         error = LaunchTimeout if result.timed_out else WorkerError
-        explanation = diagnose.explain(result, timeout)
+        explanation = diagnose.explain(result, timeout, debug)
         raise error(explanation.message, result, explanation.rendered(error.__name__))
     return result
 
@@ -122,7 +122,7 @@ class Job:
 
     def run(self) -> tuple[RunResult, RankOutput]:
         """Run the job once. Returns its result and its output, of which only rank 0's
-        stdout has been shown so far (in "ordered" mode): `show_rest()` shows the rest."""
+        stdout has been shown so far (in "all" mode): `show_rest()` shows the rest."""
         run_dir = make_run_dir()
         try:
             path = write_script(run_dir, self.script)

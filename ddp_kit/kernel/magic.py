@@ -42,10 +42,7 @@ def _run_flags(function: Callable) -> dict[tuple[str, ...], dict]:
     """The flags %%torchrun and `%ranks start` share, with `function`'s defaults."""
     default = functools.partial(default_of, function)
     seconds = "seconds a collective waits for the other ranks (default: %(default)s)"
-    modes = (
-        "ordered: rank 0 live, the rest in rank order at the end; live: as it comes; "
-        "quiet: nothing (default: %(default)s)"
-    )
+    modes = f"{MODES_HELP} (default: %(default)s)"
     return {
         ("-n", "--nproc"): {"type": int, "default": default("nproc"),
                             "help": "ranks per node (default: %(default)s)"},
@@ -59,9 +56,15 @@ def _run_flags(function: Callable) -> dict[tuple[str, ...], dict]:
                                     "help": seconds},
         ("--output",): {"choices": OUTPUT_MODES, "default": default("output"), "help": modes},
         ("--debug",): {"choices": list(DEBUG_LEVELS), "default": default("debug"),
-                       "help": "TORCH_DISTRIBUTED_DEBUG for the ranks; detail: every collective "
-                       "checked to match across ranks, both named if not (default: %(default)s)"},
+                       "help": "TORCH_DISTRIBUTED_DEBUG for the ranks; info: DDP names the "
+                       "parameters that got no gradient; detail: every collective checked to "
+                       "match across ranks, both named if not (torch 2.13 crashes a rank that "
+                       "builds DDP under detail) (default: %(default)s)"},
     }  # fmt: skip
+
+
+# How the ranks' lines are shown, for the help of every flag that chooses it.
+MODES_HELP = "; ".join(f"{mode}: {meaning}" for mode, meaning in OUTPUT_MODES.items())
 
 
 def _run_parser(
@@ -151,6 +154,12 @@ def cell_parser() -> MagicParser:
         help="only these ranks, e.g. --on 0 or --on 0,2 (default: all)",
     )
     parser.add_argument(
+        "--output",
+        choices=OUTPUT_MODES,
+        default=None,
+        help=f"{MODES_HELP} (default: the session's, set by `%%ranks start --output`)",
+    )
+    parser.add_argument(
         "--result",
         type=variable_name,
         default="last_cell",
@@ -173,7 +182,8 @@ RANKS_USAGE = """\
 %ranks status          how many ranks, backend, pids, cells run
 %ranks where           where each rank of the running (or last) cell is: its cell lines and
                        the torch function (ranks say so once the cell has run 2 s)
-%%ranks [--on 0,2]     run the cell on every live rank (or only those listed)
+%%ranks [--on 0,2] [--output rank0]
+                       run the cell on every live rank (or only those listed)
 """
 
 
@@ -232,7 +242,7 @@ class RanksMagic:
         args = cell_parser().parse_args(shlex.split(line))
         session = self._require()
         try:
-            self.namespace[args.result] = session.run(cell, args.on)
+            self.namespace[args.result] = session.run(cell, args.on, output=args.output)
         except SyntaxError as error:
             raise CellSyntaxError(error) from None
         except Exception as error:

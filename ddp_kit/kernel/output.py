@@ -1,14 +1,6 @@
 """Show each rank's output in the notebook, rank-prefixed, and keep all of it per rank.
 
-Modes:
-- "ordered" (default): rank 0's stdout appears live; the other ranks' stdout follows when the
-  run (or cell) ends, in rank order, then every rank's stderr. The same text every run, so
-  nbval can compare it.
-- "live": every line as it arrives, ranks interleaved in whatever order they print.
-- "quiet": nothing is shown (the text is still kept).
-
-RankPrinter takes text chunks from anywhere (a live rank's channel); RankOutput feeds it from
-the log files torchrun writes for a one-shot launch.
+Modes (OUTPUT_MODES; the flag help of %%torchrun and %ranks start is read from it):
 """
 
 from __future__ import annotations
@@ -18,8 +10,31 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-OUTPUT_MODES = ("ordered", "live", "quiet")
+OUTPUT_MODES = {
+    "collapsed": "a line that every rank printed at the same place is shown once, as "
+    "[ranks 0-3], the rest per rank; shown as soon as every rank has printed it",
+    "all": "every rank's lines: rank 0's as they come, the others' in rank order at the end",
+    "rank0": "rank 0's lines only, as they come (the others' are kept in the result)",
+    "live": "every line as it arrives, ranks interleaved in whatever order they print",
+    "quiet": "nothing (the text is still kept in the result)",
+}
 STREAMS = ("stdout", "stderr")
+__doc__ += "".join(f"- {mode}: {meaning}.\n" for mode, meaning in OUTPUT_MODES.items())
+__doc__ += """
+Every mode but "live" shows the same text every run, so nbval can compare it: stdout first,
+then stderr. RankPrinter takes text chunks from anywhere (a live rank's channel); RankOutput
+feeds it from the log files torchrun writes for a one-shot launch.
+"""
+
+
+def span(ranks: Sequence[int]) -> str:
+    """ "rank 2", "ranks 1-3", "ranks 0, 2": ranks as a student reads them."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
 
 
 class RankPrinter:
@@ -28,7 +43,7 @@ class RankPrinter:
     def __init__(
         self,
         ranks: Sequence[int],
-        mode: str = "ordered",
+        mode: str = "collapsed",
         out: TextIO | None = None,
         err: TextIO | None = None,
     ) -> None:
@@ -39,6 +54,7 @@ class RankPrinter:
         self.lines: dict[tuple[int, str], list[str]] = {}
         self.partial: dict[tuple[int, str], str] = {}
         self.shown: dict[tuple[int, str], int] = {}
+        self.collapse = {stream: Collapse(self.ranks) for stream in STREAMS}
         for rank in self.ranks:
             for stream in STREAMS:
                 self.lines[rank, stream], self.partial[rank, stream] = [], ""
@@ -49,7 +65,9 @@ class RankPrinter:
         key = (rank, stream)
         *complete, self.partial[key] = (self.partial[key] + text).split("\n")
         self.lines[key] += complete
-        if self._live(rank, stream):
+        if self.mode == "collapsed" and stream == "stdout" and complete:
+            self._emit(stream, self.collapse[stream].ready(self._columns(stream)))
+        elif self._live(rank, stream):
             self._show(rank, stream)
 
     def end_lines(self) -> None:
@@ -63,25 +81,79 @@ class RankPrinter:
         """Take the unfinished last lines too, and show everything not shown yet."""
         self.end_lines()
         for stream in STREAMS:
+            if self.mode == "collapsed":
+                self._emit(stream, self.collapse[stream].rest(self._columns(stream)))
+                continue
             for rank in self.ranks:
-                self._show(rank, stream)
+                if self.mode != "rank0" or rank == 0:
+                    self._show(rank, stream)
 
     def text(self, rank: int, stream: str) -> str:
         """Everything `rank` wrote to `stream` ("stdout" or "stderr")."""
         return "".join(line + "\n" for line in self.lines[rank, stream])
 
+    def _columns(self, stream: str) -> dict[int, list[str]]:
+        return {rank: self.lines[rank, stream] for rank in self.ranks}
+
     def _live(self, rank: int, stream: str) -> bool:
-        return self.mode == "live" or (self.mode == "ordered" and (rank, stream) == (0, "stdout"))
+        first = (rank, stream) == (0, "stdout")
+        return self.mode == "live" or (self.mode in ("all", "rank0") and first)
 
     def _show(self, rank: int, stream: str) -> None:
         key = (rank, stream)
         new = self.lines[key][self.shown[key] :]
         self.shown[key] = len(self.lines[key])
-        if self.mode == "quiet" or not new:
+        self._emit(stream, [f"[rank {rank}] {line}" for line in new])
+
+    def _emit(self, stream: str, lines: list[str]) -> None:
+        if self.mode == "quiet" or not lines:
             return
         target = (self.out or sys.stdout) if stream == "stdout" else (self.err or sys.stderr)
-        target.write("".join(f"[rank {rank}] {line}\n" for line in new))
+        target.write("".join(line + "\n" for line in lines))
         target.flush()
+
+
+class Collapse:
+    """The "collapsed" view of one stream, by position: where every rank printed the same line
+    at the same place it is shown once (`[ranks 0-3] line`); a stretch where they differ is
+    shown rank by rank, ranks with the same stretch together (`[ranks 1, 3] ...`). A stretch
+    is shown once every rank has printed the agreeing line after it (or at the end), so what is
+    shown, and where it is cut, does not depend on when the ranks printed."""
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        self.ranks = list(ranks)
+        self.shown = 0  # lines before this place are shown
+        self.scanned = 0  # places before this one are known to agree or differ
+
+    def ready(self, columns: dict[int, list[str]]) -> list[str]:
+        """The lines that can be shown now (every rank has printed past them)."""
+        common = min(len(lines) for lines in columns.values())
+        out: list[str] = []
+        for place in range(self.scanned, common):
+            row = {columns[rank][place] for rank in self.ranks}
+            if len(row) == 1:  # every rank printed this line here
+                out += self._stretch(columns, place)
+                out.append(f"[{span(self.ranks)}] {row.pop()}")
+                self.shown = place + 1
+        self.scanned = max(self.scanned, common)
+        return out
+
+    def rest(self, columns: dict[int, list[str]]) -> list[str]:
+        """Everything not shown yet (the ranks are done)."""
+        out = self.ready(columns)
+        end = max(len(lines) for lines in columns.values())
+        out += self._stretch(columns, end)
+        self.shown = self.scanned = end
+        return out
+
+    def _stretch(self, columns: dict[int, list[str]], end: int) -> list[str]:
+        """The lines from `self.shown` to `end`, rank by rank; equal stretches together."""
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for rank in self.ranks:
+            lines = tuple(columns[rank][self.shown : end])
+            if lines:
+                groups.setdefault(lines, []).append(rank)
+        return [f"[{span(ranks)}] {line}" for lines, ranks in groups.items() for line in lines]
 
 
 class _LogFile:
@@ -118,7 +190,7 @@ class RankOutput(RankPrinter):
         self,
         log_roots: list[Path],
         nproc_per_node: int,
-        mode: str = "ordered",
+        mode: str = "collapsed",
         out: TextIO | None = None,
         err: TextIO | None = None,
     ) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..shared import contract
 from ..shared.contract import BUSY_AFTER, Busy
 from ..shared.markers import STARTED, ranks_marked
-from .output import RankOutput
+from .output import RankOutput, span
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -129,16 +129,6 @@ class _Line:
         return self.text
 
 
-def span(ranks: list[int]) -> str:
-    """ "rank 2", "ranks 1-3", "ranks 0, 2": ranks as a student reads them."""
-    ranks = sorted(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ", ".join(map(str, ranks))
-
-
 def positions(ranks: list[int], running: set[int], busy: dict[int, Busy], stacks: bool) -> str:
     """Where the cell's ranks are: those that said where (grouped when they are at the same
     place, with the seconds the cell had run), those still running that have not yet said,
@@ -162,8 +152,7 @@ def positions(ranks: list[int], running: set[int], busy: dict[int, Busy], stacks
     done = sorted(set(ranks) - running)
     if done:
         parts.append(f"{span(done)}: done")
-        waiting = [p for p in places if COLLECTIVES in p]
-        if waiting and not stacks:
+        if waiting_for_absent(ranks, running, busy) and not stacks:
             parts.append(
                 f"{span(done)} finished the cell without that collective: is it under "
                 "`if rank == ...`, or after a loop the ranks ran unequally?"
@@ -171,18 +160,42 @@ def positions(ranks: list[int], running: set[int], busy: dict[int, Busy], stacks
     return ("\n" if stacks else " · ").join(parts)
 
 
+def waiting_for_absent(ranks: list[int], running: set[int], busy: dict[int, Busy]) -> bool:
+    """Whether a running rank waits in a collective that ranks done with the cell never
+    joined (they cannot join it any more)."""
+    in_collective = any(COLLECTIVES in busy[r].where for r in running if r in busy)
+    return in_collective and bool(set(ranks) - running)
+
+
+def what_next(collective_timeout: float) -> str:
+    """The choice a student has while ranks wait for ranks that are done."""
+    return (
+        f"The wait fails at the collective timeout ({collective_timeout:g} s); the kit then "
+        "frees every rank's process groups and keeps every variable. Interrupt the kernel "
+        "(the stop button) to restart the ranks now instead, losing their variables. The fix: "
+        "every rank calls the same collectives in the same order."
+    )
+
+
 class CellStatus(StatusLine):
     """While a live cell runs past BUSY_AFTER seconds: one line, updated in place, of where
-    each rank is. A cell that ends sooner shows nothing."""
+    each rank is, and when some wait for ranks that are done, what happens next. A cell that
+    ends sooner shows nothing."""
 
-    def __init__(self, channel: Channel, ranks: list[int], enabled: bool) -> None:
+    def __init__(
+        self, channel: Channel, ranks: list[int], enabled: bool, collective_timeout: float
+    ) -> None:
         super().__init__(enabled)
         self.channel, self.ranks = channel, ranks
+        self.collective_timeout = collective_timeout
 
     def update(self) -> None:
-        if self.channel.busy and self.due():
-            self.show("[ddp_kit] " + positions(self.ranks, self.channel.running,
-                                               self.channel.busy, stacks=False))  # fmt: skip
+        channel = self.channel
+        if channel.busy and self.due():
+            line = positions(self.ranks, channel.running, channel.busy, stacks=False)
+            if waiting_for_absent(self.ranks, channel.running, channel.busy):
+                line += " · " + what_next(self.collective_timeout)
+            self.show("[ddp_kit] " + line)
 
     def finish(self) -> None:
         """Replace a shown line with how long the cell ran."""

@@ -6,7 +6,7 @@ backward, all-reduce and the optimizer step and look at every rank's tensors.
            └─ rank: ddp_kit.rank.runner -> ddp_kit.rank.server, connects back, authenticated
 
 Each cell is sent to the chosen ranks and run there in one namespace per rank; output comes
-back as it is printed and is shown like launch()'s (ordered or live). The student still calls
+back as it is printed and is shown like launch()'s (kernel.output's modes). The student still calls
 init_process_group and builds DDP in the cells: that is the lesson.
 
 When something stops a cell (its time limit, the kernel's interrupt, a rank's process ending)
@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from ..shared import contract
-from ..shared.contract import Exit, Flush, Pull, PullFailed, RunCell
+from ..shared.contract import Exit, Flush, FreeGroups, Pull, PullFailed, RunCell
 from ..shared.errors import CellError, Interrupted, LaunchConfigError, SessionError
 from ..shared.failures import RankFailure
 from ..shared.records import Records
@@ -40,7 +40,15 @@ from .progress import CellStatus, StartProgress, positions
 from .progress import wanted as status_wanted
 from .result import CellResult
 from .script import write_script
-from .torchrun import Agents, log_roots, make_run_dir, rank_env, torchrun_commands, validate
+from .torchrun import (
+    Agents,
+    log_roots,
+    make_run_dir,
+    rank_env,
+    torchrun_commands,
+    validate,
+    validate_output,
+)
 
 SERVER = "from ddp_kit.rank.server import serve\n\nserve()\n"
 START_TIMEOUT = 180.0  # torchrun, `import torch` and DDP's imports on every rank
@@ -52,6 +60,12 @@ RESTARTED = (
 )
 RESTARTED_AFTER_HANG = (
     "A collective timed out, and a process group cannot be trusted after that. " + RESTARTED
+)
+FREED_AFTER_HANG = (
+    "A collective timed out, and a process group cannot be trusted after that: every rank's "
+    "process groups were destroyed. Every rank's variables are kept, but a DDP model built on "
+    "the old group can no longer sync: call dist.init_process_group() again and wrap the "
+    "models again (DDP(model))."
 )
 RESTARTED_AFTER_STALL = (
     "A rank was stuck inside torch, where it cannot be interrupted. " + RESTARTED
@@ -72,7 +86,7 @@ class Session:
         backend: str = "auto",
         collective_timeout: float = 60.0,
         cell_timeout: float = 300.0,
-        output: str = "ordered",
+        output: str = "collapsed",
         debug: str = "off",
         env: Mapping[str, str] | None = None,
         idle_timeout: float = 1800.0,
@@ -224,9 +238,15 @@ class Session:
     # -- cells ------------------------------------------------------------------------------
 
     def run(
-        self, code: str, ranks: Iterable[int] | None = None, *, check: bool = True
+        self,
+        code: str,
+        ranks: Iterable[int] | None = None,
+        *,
+        check: bool = True,
+        output: str | None = None,
     ) -> CellResult:
-        """Run `code` on `ranks` (default: all), each in its own persistent namespace.
+        """Run `code` on `ranks` (default: all), each in its own persistent namespace; its
+        output is shown in this cell's `output` mode (default: the session's).
 
         A rank that raises gives a CellError (unless check=False); the session stays up. A
         cell past cell_timeout, or interrupted, is interrupted on the ranks; ranks that do not
@@ -234,16 +254,18 @@ class Session:
         cell on fresh ranks failed only because gloo could not connect them, before any
         printed, the ranks are restarted and the cell runs once more, with a note.
         """
+        mode = self.output if output is None else output
+        validate_output(mode)
         with self._in_use():
-            return self._run(code, ranks, check)
+            return self._run(code, ranks, check, mode)
 
-    def _run(self, code: str, ranks: Iterable[int] | None, check: bool) -> CellResult:
+    def _run(self, code: str, ranks: Iterable[int] | None, check: bool, mode: str) -> CellResult:
         targets = self._targets(ranks)
         self.cells_run += 1
         name = f"<cell {self.cells_run}>"
         compile(code, name, "exec")  # a syntax error is shown here, before any rank runs it
         fresh, self._fresh = self._fresh, False
-        result, stop, printer = self._run_once(name, code, targets)
+        result, stop, printer = self._run_once(name, code, targets, mode)
         retry_note = None
         if fresh and stop is None and len(targets) == self.world_size:
             again = "the ranks were restarted and the cell run again"
@@ -252,7 +274,7 @@ class Session:
             self.restart()
             diagnose.say(retry_note)
             self._fresh = False
-            result, stop, printer = self._run_once(name, code, targets)
+            result, stop, printer = self._run_once(name, code, targets, mode)
             result.notes.append(retry_note)
         printer.show_rest()
         notes = self._recover(stop, result.failures)
@@ -289,12 +311,13 @@ class Session:
     # -- internals --------------------------------------------------------------------------
 
     def _run_once(
-        self, name: str, code: str, targets: list[int]
+        self, name: str, code: str, targets: list[int], mode: str
     ) -> tuple[CellResult, Stop | None, RankPrinter]:
         """Run the cell once; what it printed is kept, and shown so far only as the output
         mode shows it live (the caller shows the rest)."""
-        printer = RankPrinter(targets, self.output)
-        status = CellStatus(self._channel, targets, self.output != "quiet" and status_wanted())
+        printer = RankPrinter(targets, mode)
+        shown = mode != "quiet" and status_wanted()
+        status = CellStatus(self._channel, targets, shown, self.collective_timeout)
         begin = time.perf_counter()
         self._channel.send(targets, RunCell(name, code))
         try:
@@ -330,7 +353,8 @@ class Session:
             codes = self._exit_codes()
             self._discard()
             self.start()
-            return [f"{stop.reason} ({codes}); torchrun then stopped every rank. " + RESTARTED]
+            lost = f"{stop.reason} ({codes}); torchrun then stopped every rank. " + RESTARTED
+            return [lost, *filter(None, [diagnose.detail_crash_note(self.debug, codes)])]
         if stop is not None and stop.stuck:
             self._discard()  # stuck ranks cannot answer an exit message: stop them at once
             self.start()
@@ -346,9 +370,21 @@ class Session:
             self.start()
             return [*notes, RESTARTED_AFTER_STALL]
         if diagnose.hung(found):
-            self.restart()
-            return [*notes, RESTARTED_AFTER_HANG]
+            return [*notes, self._free_groups()]
         return [*notes, KEPT] if stop is not None else notes
+
+    def _free_groups(self) -> str:
+        """After a collective timed out: destroy every rank's process groups and keep the
+        ranks; replace them only if that fails (a rank stuck freeing its group, rank.waits)."""
+        everyone = sorted(self._channel.conns)
+        self._channel.send(everyone, FreeGroups())
+        quiet = RankPrinter(everyone, "quiet")
+        replies, stop = self._channel.collect(everyone, quiet.write, self.cell_timeout)
+        if stop is None and not any(reply.failure for reply in replies.values()):
+            return FREED_AFTER_HANG
+        self._discard()
+        self.start()
+        return RESTARTED_AFTER_HANG
 
     def _targets(self, ranks: Iterable[int] | None) -> list[int]:
         if not self.running:

@@ -57,10 +57,15 @@ def validate(
     for name, value in (("timeout", timeout), ("collective_timeout", collective)):
         if not isinstance(value, (int, float)) or not value > 0:
             raise LaunchConfigError(f"{name}={value!r}: give a positive number of seconds.")
-    if output not in OUTPUT_MODES:
-        raise LaunchConfigError(f"output={output!r}: use one of {', '.join(OUTPUT_MODES)}.")
+    validate_output(output)
     if debug not in DEBUG_LEVELS:
         raise LaunchConfigError(f"debug={debug!r}: use one of {', '.join(DEBUG_LEVELS)}.")
+
+
+def validate_output(output: str) -> None:
+    """Refuse an unknown output mode, naming the ones there are."""
+    if output not in OUTPUT_MODES:
+        raise LaunchConfigError(f"output={output!r}: use one of {', '.join(OUTPUT_MODES)}.")
 
 
 def make_run_dir() -> Path:

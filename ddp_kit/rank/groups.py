@@ -70,3 +70,13 @@ def release() -> None:
     """Free the destroyed groups: their Python objects release the GIL while gloo's threads end
     (a DDP model still alive keeps its group until the model goes, long after its last work)."""
     _kept.clear()
+
+
+def free_all() -> None:
+    """Destroy every process group of this rank and free it (after a collective timed out,
+    the groups cannot be trusted; the rank's variables are kept)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    release()

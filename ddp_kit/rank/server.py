@@ -28,6 +28,7 @@ from ..shared.contract import (
     Exit,
     Flush,
     Flushed,
+    FreeGroups,
     Hello,
     Output,
     Pull,
@@ -155,7 +156,7 @@ def serve() -> None:
             worker.flush()
             channel.send(Flushed())
             continue
-        whereabouts.cell_started(message.name)
+        whereabouts.cell_started(getattr(message, "name", "<free the process groups>"))
         reply = answer(message, namespace, interrupts)
         whereabouts.cell_ended()
         channel.send(reply)
@@ -163,12 +164,17 @@ def serve() -> None:
     _leave(channel)
 
 
-def answer(message: RunCell | Pull, namespace: dict[str, Any], interrupts: CellInterrupts) -> tuple:
-    """Run a cell or look up a variable, interruptibly; the reply to send."""
+def answer(
+    message: RunCell | Pull | FreeGroups, namespace: dict[str, Any], interrupts: CellInterrupts
+) -> tuple:
+    """Run a cell, look up a variable or free the process groups, interruptibly; the reply."""
     interrupts.running = True
     try:
         if isinstance(message, RunCell):
             run_in_namespace(message.name, message.code, namespace)
+            return CellDone(None)
+        if isinstance(message, FreeGroups):
+            groups.free_all()
             return CellDone(None)
         return Value(pullable(namespace[message.name]))
     except BaseException as error:  # noqa: BLE001  the cell's error is the kernel's to show
@@ -177,7 +183,7 @@ def answer(message: RunCell | Pull, namespace: dict[str, Any], interrupts: CellI
         start = message.name if isinstance(message, RunCell) else None
         tb = failures.drop_trailing(error.__traceback__, __file__)  # the SIGINT handler
         failure = asdict(failures.from_exception(worker.rank(), error, tb, start))
-        return CellDone(failure) if isinstance(message, RunCell) else PullFailed(failure)
+        return PullFailed(failure) if isinstance(message, Pull) else CellDone(failure)
     finally:
         interrupts.running = False
         sys.stdout.flush()

@@ -45,6 +45,8 @@ RunCell(name, code)     Output(stream, text) ...       while the cell runs, as i
 Pull(name)              Value(value)                   tensors as numpy arrays
                         PullFailed(failure)            no such variable, or it cannot be sent
 Flush()                 Flushed()                      the rank's records are on disk
+FreeGroups()            CellDone(failure)              every process group destroyed and freed
+                                                       (after a collective timed out)
 Exit()                  (the connection closes)        the rank leaves its process group, ends
 Both ends send each message at once (TCP_NODELAY, `send_at_once`).
 
@@ -91,6 +93,10 @@ class Pull(NamedTuple):
 
 
 class Flush(NamedTuple):
+    pass
+
+
+class FreeGroups(NamedTuple):
     pass
 
 
