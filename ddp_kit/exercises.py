@@ -262,3 +262,34 @@ def check_global_eval(run: Any, size: int) -> bool | None:
         print(f"Not yet: {yours[0]:.5f} on every rank, but one process gets {truth:.5f}: "
               "leave the padded repeats out of the sum and the count.")  # fmt: skip
     return ok
+
+
+def check_early_stop(records: Any, target: float) -> bool | None:
+    """Debugging: every rank stops training at the same step (the stopping rule decided on
+    numbers every rank shares), with the same weights, once the loss over all ranks is below
+    `target`. Reads what the last run of `train_until` and the cell after it recorded (at
+    step 0, each run replacing the last)."""
+    world = records.world_size
+    stopped = [r for r in range(world) if "early/steps" in records.per_rank[r]]
+    if not stopped:
+        print("Not run yet: run the `train_until(...)` cell first.")
+        return None
+    if len(stopped) < world:
+        print(f"Not quite: only rank(s) {stopped} got past the loop; the others waited in "
+              "backward() for them. Where does a rank decide to stop, and on what?")  # fmt: skip
+        return False
+    steps = [int(records.get("early/steps", 0, r)) for r in range(world)]
+    if len(set(steps)) > 1:
+        print(f"Not quite: the ranks stopped after {steps} steps.")
+        return False
+    if "early/loss" not in records:
+        print("Not checked yet: run the cell after `train_until` too.")
+        return None
+    found = str(records.get("early/divergence", 0, 0))
+    loss = float(records.get("early/loss", 0, 0))
+    if found != "None" or not loss < target:
+        print(f"Not quite: first divergence {found}; loss over all ranks {loss:.3g}.")
+        return False
+    print(f"Correct! Every rank stopped after {steps[0]} steps with the same weights, once "
+          f"the loss over all ranks was below {target:g}.")  # fmt: skip
+    return True

@@ -6,14 +6,18 @@ flight recorder."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import nbformat
 import pytest
 from support import WORKERS
 
 import ddp_kit
-from ddp_kit import LaunchConfigError, WorkerError
+from ddp_kit import LaunchConfigError, WorkerError, exercises
 from ddp_kit.kernel import diagnose
 from ddp_kit.kernel.magic import session_parser, torchrun_parser
+from ddp_kit.kernel.session import Session
+from ddp_kit.shared.errors import CellError
 
 pytestmark = pytest.mark.torchrun
 
@@ -91,3 +95,31 @@ def test_debug_info_names_the_unused_parameters_and_detail_with_ddp_is_said_to_c
         ddp_kit.launch(WORKERS / "unused.py", 2, debug="detail", output="quiet")
     assert "no rank raised a Python exception" in str(crashed.value)
     assert diagnose.DETAIL_CRASH in str(crashed.value)
+
+
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "18_debugging_ddp.ipynb"
+PLANTED = "        if loss.item() < target:\n"
+SOLUTION = (  # decide on the loss over all ranks: every rank sees the same number
+    "        mean = loss.detach().clone()\n"
+    "        dist.all_reduce(mean)\n"
+    "        if mean.item() / world < target:\n"
+)
+
+
+def test_the_debugging_exercise_hangs_as_planted_and_passes_with_its_solution(capsys):
+    cells = [cell.source for cell in nbformat.read(NOTEBOOK, as_version=4).cells]
+    body = [source.split("\n", 1)[1] for source in cells if source.startswith("%%ranks")]
+    setup = body[0]
+    exercise = next(i for i, source in enumerate(body) if "def train_until" in source)
+    planted, after = body[exercise], body[exercise + 1]
+    assert planted.count(PLANTED) == 1
+    with Session(4, collective_timeout=3, output="quiet") as session:
+        session.run(setup)
+        with pytest.raises(CellError, match="Ranks? [0-9, -]+ finished the cell and never"):
+            session.run(planted)
+        session.run(after)
+        assert exercises.check_early_stop(session.records, target=2.0) is False
+        session.run(planted.replace(PLANTED, SOLUTION))
+        session.run(after)
+        assert exercises.check_early_stop(session.records, target=2.0) is True
+    assert "Correct! Every rank stopped after" in capsys.readouterr().out

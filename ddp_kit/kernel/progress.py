@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from .channel import Channel
 
 UPDATE_SECONDS = 0.5
-COLLECTIVES = "(in torch.distributed: "  # a place inside torch.distributed (rank.where)
+# Places (rank.where) that wait for the other ranks: a collective, or a DDP backward, whose
+# gradients are all-reduced before it returns.
+COLLECTIVES = ("(in torch.distributed: ", "(in torch.autograd: ")
 
 
 def wanted() -> bool:
@@ -161,9 +163,10 @@ def positions(ranks: list[int], running: set[int], busy: dict[int, Busy], stacks
 
 
 def waiting_for_absent(ranks: list[int], running: set[int], busy: dict[int, Busy]) -> bool:
-    """Whether a running rank waits in a collective that ranks done with the cell never
-    joined (they cannot join it any more)."""
-    in_collective = any(COLLECTIVES in busy[r].where for r in running if r in busy)
+    """Whether a running rank waits in a collective (or a backward, which under DDP waits for
+    its all-reduces) that ranks done with the cell never joined (they cannot join it now)."""
+    places = [busy[r].where for r in running if r in busy]
+    in_collective = any(sign in place for place in places for sign in COLLECTIVES)
     return in_collective and bool(set(ranks) - running)
 
 
