@@ -6,6 +6,7 @@ flight recorder."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -123,3 +124,11 @@ def test_the_debugging_exercise_hangs_as_planted_and_passes_with_its_solution(ca
         session.run(after)
         assert exercises.check_early_stop(session.records, target=2.0) is True
     assert "Correct! Every rank stopped after" in capsys.readouterr().out
+
+
+def test_gloo_abort_and_shutdown_do_not_end_a_waiting_collective_its_timeout_does():
+    run = ddp_kit.launch(WORKERS / "gloo_abort.py", 2, args=["4"], output="quiet")
+    returned, ended = re.fullmatch(
+        r"abort and shutdown returned at (\S+) s\nthe wait ended at (\S+) s: True\n", run.stdout[0]
+    ).groups()
+    assert float(returned) < 2.5 and float(ended) >= 3.5  # the collective timeout is 4 s

@@ -11,6 +11,7 @@ import pytest
 from support import SETUP, wait_until_gone
 
 from ddp_kit.kernel import progress
+from ddp_kit.kernel.output import RankPrinter
 from ddp_kit.kernel.session import Session
 from ddp_kit.rank.where import describe
 from ddp_kit.shared.contract import Busy
@@ -157,3 +158,19 @@ def test_an_idle_session_stops_itself_and_the_next_cell_says_so():
     finally:
         session.close()
     assert wait_until_gone(5) == []
+
+
+def test_in_plain_ipython_on_a_terminal_the_line_is_redrawn_on_stderr(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "shell_kind", lambda: progress.TERMINAL)
+    start = progress.StartProgress(2, enabled=True)
+    start.update(1)
+    printer = RankPrinter([0, 1], "collapsed")
+    printer.write(0, "stdout", "hello\n")
+    printer.write(1, "stdout", "hello\n")  # output wipes the line first
+    start.end("2 live ranks connected in 3.0 s")
+    out, err = capsys.readouterr()
+    assert out == "[ranks 0-1] hello\n"
+    assert err == (
+        "\r\033[K[ddp_kit] starting 2 live ranks (torchrun, then `import torch` on each): 1/2 "
+        "connected · 0 s\r\033[K[ddp_kit] 2 live ranks connected in 3.0 s\n"
+    )

@@ -37,6 +37,24 @@ def span(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks))
 
 
+# A status line (kernel.progress) drawn on a terminal's stderr, without its newline yet: the
+# ranks' lines first wipe it (the status line redraws itself at its next update).
+_terminal_status = {"drawn": False}
+
+
+def terminal_status_drawn() -> None:
+    """Say that a status line is on the terminal now, without its newline."""
+    _terminal_status["drawn"] = True
+
+
+def clear_terminal_status() -> None:
+    """Wipe a status line drawn on the terminal, so that a line of output starts clean."""
+    if _terminal_status["drawn"]:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+        _terminal_status["drawn"] = False
+
+
 class RankPrinter:
     """Cuts each rank's text into lines and shows them as the mode allows."""
 
@@ -108,6 +126,7 @@ class RankPrinter:
     def _emit(self, stream: str, lines: list[str]) -> None:
         if self.mode == "quiet" or not lines:
             return
+        clear_terminal_status()
         target = (self.out or sys.stdout) if stream == "stdout" else (self.err or sys.stderr)
         target.write("".join(line + "\n" for line in lines))
         target.flush()

@@ -2,13 +2,15 @@
 rendezvous, `import torch` take 10-15 s on a laptop before a rank prints anything), and while a
 live cell runs long (where every rank is).
 
-Shown only in a Jupyter kernel, and not with DDP_KIT_PROGRESS=0 (set by the test run and by
-./kit refresh, so the outputs nbval compares never hold it).
+Shown in a Jupyter kernel (a display that updates in place) and in plain IPython on a terminal
+(redrawn on stderr), and not with DDP_KIT_PROGRESS=0 (set by the test run and by ./kit
+refresh, so the outputs nbval compares never hold it).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..shared import contract
 from ..shared.contract import BUSY_AFTER, Busy
 from ..shared.markers import STARTED, ranks_marked
+from . import output
 from .output import RankOutput, span
 
 if TYPE_CHECKING:
@@ -27,27 +30,39 @@ UPDATE_SECONDS = 0.5
 COLLECTIVES = ("(in torch.distributed: ", "(in torch.autograd: ")
 
 
-def wanted() -> bool:
-    """Whether this process is a Jupyter kernel that should show progress."""
-    if os.environ.get(contract.PROGRESS) == "0":
-        return False
+JUPYTER, TERMINAL = "ZMQInteractiveShell", "TerminalInteractiveShell"  # IPython's shells
+
+
+def shell_kind() -> str | None:
+    """JUPYTER (a Jupyter kernel), TERMINAL (plain IPython in a terminal) or None."""
     try:
         from IPython import get_ipython
     except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+        return None
+    kind = type(get_ipython()).__name__
+    if kind == TERMINAL and not sys.stderr.isatty():
+        return None  # a terminal shell whose output goes to a file: no line to redraw
+    return kind if kind in (JUPYTER, TERMINAL) else None
+
+
+def wanted() -> bool:
+    """Whether this process is a Jupyter kernel or a terminal IPython that should show
+    progress (not with DDP_KIT_PROGRESS=0)."""
+    return os.environ.get(contract.PROGRESS) != "0" and shell_kind() is not None
 
 
 class StatusLine:
-    """One line of text shown in place under the cell (IPython's display handle), refreshed
-    at most every UPDATE_SECONDS; nothing at all unless `enabled`."""
+    """One line of text shown in place, refreshed at most every UPDATE_SECONDS: under the
+    cell in Jupyter (IPython's display handle), redrawn with a carriage return on a terminal's
+    stderr in plain IPython; nothing at all unless `enabled`."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
+        self.terminal = enabled and shell_kind() == TERMINAL
         self.start = time.monotonic()
         self.last = 0.0
         self.handle = None
+        self.drawn = False  # a terminal line is on screen
 
     def due(self) -> bool:
         """Whether it is time to refresh the line (then the clock restarts)."""
@@ -61,7 +76,12 @@ class StatusLine:
         """Show `text`, replacing the line (the first call puts it under the cell)."""
         if not self.enabled:
             return
-        if self.handle is None:
+        if self.terminal:
+            sys.stderr.write("\r\033[K" + text)  # back to the line's start, clear it, draw
+            sys.stderr.flush()
+            self.drawn = True
+            output.terminal_status_drawn()
+        elif self.handle is None:
             from IPython.display import display
 
             self.handle = display(_Line(text), display_id=True)
@@ -70,7 +90,12 @@ class StatusLine:
 
     def end(self, summary: str) -> None:
         """Replace a line that was shown with `[ddp_kit] summary`."""
-        if self.handle is not None:
+        if self.terminal and self.drawn:
+            output.clear_terminal_status()
+            sys.stderr.write(f"[ddp_kit] {summary}\n")
+            sys.stderr.flush()
+            self.drawn = False
+        elif self.handle is not None:
             self.handle.update(_Line(f"[ddp_kit] {summary}"))
 
 
