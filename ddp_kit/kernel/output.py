@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from ..shared.errors import LaunchConfigError
+
 OUTPUT_MODES = {
     "collapsed": "a line that every rank printed at the same place is shown once, as "
     "[ranks 0-3], the rest per rank; shown as soon as every rank has printed it",
@@ -35,6 +37,12 @@ def span(ranks: Sequence[int]) -> str:
     if ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
     return "ranks " + ", ".join(map(str, ranks))
+
+
+def validate_output(output: str) -> None:
+    """Refuse an unknown output mode, naming the ones there are."""
+    if output not in OUTPUT_MODES:
+        raise LaunchConfigError(f"output={output!r}: use one of {', '.join(OUTPUT_MODES)}.")
 
 
 # A status line (kernel.progress) drawn on a terminal's stderr, without its newline yet: the

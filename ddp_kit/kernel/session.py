@@ -35,20 +35,12 @@ from ..shared.records import Records
 from . import diagnose
 from .backend import choose_backend, say_fallback
 from .channel import INTERRUPT_GRACE, Channel, Stop
-from .output import RankOutput, RankPrinter
+from .output import RankOutput, RankPrinter, validate_output
 from .progress import CellStatus, StartProgress, positions
 from .progress import wanted as status_wanted
 from .result import CellResult
 from .script import write_script
-from .torchrun import (
-    Agents,
-    log_roots,
-    make_run_dir,
-    rank_env,
-    torchrun_commands,
-    validate,
-    validate_output,
-)
+from .torchrun import Agents, log_roots, make_run_dir, rank_env, torchrun_commands, validate
 
 SERVER = "from ddp_kit.rank.server import serve\n\nserve()\n"
 START_TIMEOUT = 180.0  # torchrun, `import torch` and DDP's imports on every rank

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..shared import contract
 from ..shared.errors import LaunchConfigError
 from ..shared.processes import stop_tree
-from .output import OUTPUT_MODES
+from .output import validate_output
 
 MAX_RANKS = 64
 MAX_NODES = 8
@@ -60,12 +60,6 @@ def validate(
     validate_output(output)
     if debug not in DEBUG_LEVELS:
         raise LaunchConfigError(f"debug={debug!r}: use one of {', '.join(DEBUG_LEVELS)}.")
-
-
-def validate_output(output: str) -> None:
-    """Refuse an unknown output mode, naming the ones there are."""
-    if output not in OUTPUT_MODES:
-        raise LaunchConfigError(f"output={output!r}: use one of {', '.join(OUTPUT_MODES)}.")
 
 
 def make_run_dir() -> Path:

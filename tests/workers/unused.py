@@ -4,27 +4,16 @@ name what got no gradient."""
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_kit.toy import TwoHeads
 from ddp_kit.worker import backend
 
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.used = nn.Linear(4, 1)
-        self.unused = nn.Linear(4, 1)
-
-    def forward(self, x):
-        return self.used(x)
-
-
 dist.init_process_group(backend())
-model = DDP(Net())
+model = DDP(TwoHeads())  # forward uses `used` only
 try:
     for _ in range(2):
-        model(torch.randn(8, 4)).sum().backward()
+        model(torch.randn(8, 2)).sum().backward()
 except RuntimeError as error:
     print("\n".join(line for line in str(error).splitlines() if "did not receive grad" in line))
 dist.destroy_process_group()
