@@ -1,7 +1,8 @@
 """`python -m ddp_kit.rank.runner SCRIPT ARGS`: what torchrun starts on every rank.
 
 It bootstraps the rank (dies with its agent, a short collective timeout, error reports, a clean
-exit), then runs SCRIPT as __main__, so tracebacks point at the script's own line numbers.
+exit), then runs SCRIPT as __main__, so tracebacks point at the script's own line numbers, with
+the imports Python would find (`import_path`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,26 @@ def main() -> None:
     """Bootstrap this rank, run the script with its own argv, then end the rank cleanly."""
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
-    sys.path[0] = str(Path(script).resolve().parent)  # as `python script.py`: its own folder
+    sys.path[0:1] = import_path(script)
     bootstrap(script)
     namespace = runpy.run_path(script, run_name="__main__")
     end_rank(namespace)
+
+
+def import_path(script: str) -> list[str]:
+    """Where the script's imports are looked for first: what replaces sys.path[0].
+
+    A rank's working directory is the notebook's folder (ranks inherit the kernel's). A .py
+    file of the user's gets its own folder first, as `python script.py` does, then the
+    notebook's folder; code the kit wrote into the run directory (a cell, a function, the
+    live-rank server) gets the notebook's folder alone, as the cell would in the kernel. So a
+    `helper.py` or `datautils.py` beside the notebook is imported as it is there.
+    """
+    notebook_folder = os.getcwd()
+    if contract.written_by_kit(script):
+        return [notebook_folder]
+    own_folder = str(Path(script).resolve().parent)
+    return list(dict.fromkeys([own_folder, notebook_folder]))
 
 
 def end_rank(namespace: dict) -> None:

@@ -82,6 +82,17 @@ LOGS, RECORDS, ERRORS, MARKERS = "logs", "records", "errors", "markers"
 STARTED, COMPLETED = "started-rank", "completed-rank"
 
 
+def written_by_kit(script: str | os.PathLike) -> bool:
+    """Whether a rank's `script` is its run directory's script file, which the kernel wrote
+    from code text, a function or the live-rank server (rather than a .py file of the user's).
+    The run directory is the one this rank records into."""
+    record_dir = os.environ.get(RECORD_DIR)
+    if record_dir is None:
+        return False
+    run_dir = os.path.dirname(os.path.abspath(record_dir))
+    return os.path.abspath(script) == os.path.join(run_dir, SCRIPT_FILE)
+
+
 # kernel -> rank
 class RunCell(NamedTuple):
     name: str
