@@ -93,9 +93,20 @@ def torchrun_parser() -> MagicParser:
     }
     description = (
         "Run the cell as a script on N ranks with torchrun (a one-shot job: processes start, "
-        "run the cell, and end)."
+        "run the cell, and end). Words after `--` are the script's arguments, its "
+        "sys.argv[1:]: %%torchrun -n 2 -- 50 5 --batch_size 32"
     )
     return _run_parser("%%torchrun", description, launch, extra)
+
+
+def split_script_args(line: str) -> tuple[list[str], list[str]]:
+    """A magic's line as (its flags, the script's arguments): the words before and after the
+    first `--`."""
+    words = shlex.split(line)
+    if "--" not in words:
+        return words, []
+    cut = words.index("--")
+    return words[:cut], words[cut + 1 :]
 
 
 def _options(args: argparse.Namespace, *not_passed: str) -> dict:
@@ -104,10 +115,17 @@ def _options(args: argparse.Namespace, *not_passed: str) -> dict:
 
 
 def torchrun_magic(line: str, cell: str, namespace: dict) -> None:
-    """Run `cell` with torchrun; store the RunResult in namespace[--result] (default last_run)."""
-    args = torchrun_parser().parse_args(shlex.split(line))
+    """Run `cell` with torchrun, the words after `--` as its arguments; store the RunResult in
+    namespace[--result] (default last_run)."""
+    flags, script_args = split_script_args(line)
+    args, unknown = torchrun_parser().parse_known_args(flags)
+    if unknown:
+        raise LaunchConfigError(
+            f"%%torchrun: unrecognized arguments: {' '.join(unknown)}. The script's own "
+            f"arguments go after `--`: %%torchrun -n {args.nproc} -- {shlex.join(unknown)}"
+        )
     try:
-        result = launch(cell, **_options(args, "result"))
+        result = launch(cell, args=script_args, **_options(args, "result"))
     except Exception as error:
         if hasattr(error, "result"):
             namespace[args.result] = error.result
