@@ -21,3 +21,22 @@ def describe(nproc: int = 4) -> str:
         f"A {nproc}-rank launch uses: {choice.backend} on {choice.device} ({choice.reason})",
     ]
     return "\n".join(lines)
+
+
+def torch_build() -> str:
+    """One line: which torch this is (a CPU or a CUDA build) and what launches here will use."""
+    import torch
+
+    if torch.version.cuda:
+        build = f"a CUDA {torch.version.cuda} build"
+    elif torch.version.hip:
+        build = f"a ROCm {torch.version.hip} build"
+    else:
+        build = "a CPU-only build"
+    gpus = cuda_device_count()
+    if gpus:
+        use = (f"{gpus} GPU(s) visible: up to {gpus} ranks use nccl, one GPU each; more ranks "
+               "use gloo on CPU")  # fmt: skip
+    else:
+        use = "no GPU visible: ranks use gloo on CPU"
+    return f"torch {torch.__version__}, {build}; {use}"
