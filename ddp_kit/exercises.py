@@ -183,12 +183,13 @@ def check_fewer_gathers(mine: dict[str, int], measured: dict[str, int]) -> bool 
 
 def check_join_division(records: Any) -> bool | None:
     """Join: the last round (one rank left) gives that rank its own local gradient, divided
-    by the one rank still training: DDP's built-in division with the option off, no hook."""
+    by the one rank still training: DDP's built-in division with the option off, no hook.
+    Reads the latest run's factor (each run of the cell records one more step)."""
     if "mine/last_factor" not in records:
         print('Not run yet: run the `train_uneven("mine/", ...)` cell first.')
         return None
     world = records.world_size
-    factor = float(records["mine/last_factor"][0, world - 1])
+    factor = float(records["mine/last_factor"][-1, world - 1])
     ok = math.isclose(factor, 1.0, rel_tol=1e-4)
     verdict = "Correct!" if ok else "Not yet: which part of the run does the dividing?"
     print(f"last round: synced = {factor:.3f} x rank {world - 1}'s local gradient. {verdict}")
@@ -210,15 +211,16 @@ def check_two_byte_gradients(sent_dtypes: list[str], weight_dtype: str) -> bool 
     return ok
 
 
-def check_unused_fix(run: Any) -> bool | None:
-    """Pitfalls: the edited TwoHeads run trains 3 steps and both ranks hold the same gradient."""
-    records = run.records
-    if "error" in records:
-        print(f"Not yet: the run still fails: {records.get('error', 0, 0)}")
+def check_unused_fix(session: Any) -> bool | None:
+    """Pitfalls: the edited TwoHeads cell trains 3 steps and both ranks hold the same gradient.
+    Reads the ranks' `error` and `grad`, which every run of the cell sets afresh."""
+    errors = [error for error in session.pull("error") if error]
+    if errors:
+        print(f"Not yet: the run still fails: {errors[0]}")
         print("Use one of the three fixes of section 5 where the model is made.")
         return False
-    grads = records["grad"][0]  # [rank, ...]
-    ok = bool((grads == grads[0]).all())
+    grads = [np.asarray(grad) for grad in session.pull("grad")]
+    ok = all((grad == grads[0]).all() for grad in grads)
     print("Correct! Three steps, and both ranks hold the same averaged gradient." if ok
           else "Not quite: the ranks' gradients differ, so they were not all-reduced.")  # fmt: skip
     return ok

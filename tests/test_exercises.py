@@ -83,17 +83,26 @@ def test_edit_and_run_checks(capsys):
     capsys.readouterr()
 
 
+def ranks_holding(**variables: list) -> SimpleNamespace:
+    """A stand-in for a live session whose ranks hold `variables` (one value per rank)."""
+    return SimpleNamespace(pull=lambda name: variables[name])
+
+
 def test_checks_that_read_records(capsys):
     join = [{"mine/last_factor": f} for f in (0.0, 1.0)]
     assert exercises.check_join_division(records_of(join)) is True
     join[1]["mine/last_factor"] = 0.5
     assert exercises.check_join_division(records_of(join)) is False
+    rerun = Records(
+        [{"mine/last_factor": {0: 0.0, 1: 0.0}}, {"mine/last_factor": {0: 0.25, 1: 1.0}}]
+    )
+    assert exercises.check_join_division(rerun) is True  # the latest run counts
     assert exercises.check_join_division(records_of([{}, {}])) is None
-    fixed = SimpleNamespace(records=records_of([{"grad": [1.0, 2.0]}] * 2))
+    fixed = ranks_holding(error=[None, None], grad=[np.array([1.0, 2.0])] * 2)
     assert exercises.check_unused_fix(fixed) is True
-    unsynced = SimpleNamespace(records=records_of([{"grad": [1.0, 2.0]}, {"grad": [3.0, 2.0]}]))
+    unsynced = ranks_holding(error=[None, None], grad=[np.array([1.0, 2.0]), np.array([3.0, 2.0])])
     assert exercises.check_unused_fix(unsynced) is False
-    failed = SimpleNamespace(records=records_of([{"error": "Expected to have finished"}] * 2))
+    failed = ranks_holding(error=["Expected to have finished"] * 2, grad=[None, None])
     assert exercises.check_unused_fix(failed) is False
     x, y = make_dataset(17).tensors
     with torch.no_grad():
