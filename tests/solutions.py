@@ -1,0 +1,92 @@
+"""Every exercise's solution, and a wrong answer, as edits of the notebook's own cells.
+
+Kept here, out of the package and so out of the students' workspace. tests/test_solutions.py
+runs the cells an exercise needs in a fresh kernel, then the exercise with the wrong answer and
+its check ("Not quite" / "Not yet"), then with the solution ("Correct!"): in that order, as a
+student who first runs the cell as it is and then fixes it. Notebook 12's exercise is open (no
+check), so it has none.
+
+An exercise names its cells by index in the notebook: `setup`, the cells it needs run first (in
+order); `cell`, the one a student edits; `check`, the one that checks (the same cell when the
+answer sits next to its check). `edit` is the text of `cell` that an answer replaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Exercise:
+    notebook: str
+    setup: tuple[int, ...]
+    cell: int
+    edit: str
+    right: str
+    wrong: str
+    check: int | None = None
+
+    @property
+    def check_cell(self) -> int:
+        return self.cell if self.check is None else self.check
+
+    @property
+    def live(self) -> bool:
+        """Whether it runs on live ranks (then its notebook gets a kernel of its own)."""
+        return self.notebook.split("_")[0] in {"08", "09", "11", "13", "14", "15", "16"}
+
+
+def answer(value: str) -> dict[str, str]:
+    """An `answer = None` exercise: the answer replaces None."""
+    return {"edit": "answer = None", "right": f"answer = {value}"}
+
+
+EXERCISES = [
+    Exercise("00_introduction", (4,), 10, **answer("3"), wrong="answer = 6"),
+    Exercise("01_batches", (1,), 9, **answer("5"), wrong="answer = 4"),
+    Exercise("02_shards", (1,), 10, **answer("[2, 6, 0]"), wrong="answer = [2, 6]"),
+    Exercise("02_shards", (1,), 12, edit="options = dict(shuffle=True, seed=0)",
+             right="options = dict(shuffle=True, seed=0, drop_last=True)",
+             wrong="options = dict(shuffle=False, seed=0)"),
+    Exercise("03_model", (1,), 6, **answer("19"), wrong="answer = 16"),
+    Exercise("04_replication", (1,), 5, **answer("0"), wrong="answer = 1"),
+    Exercise("05_placement", (1,), 5, **answer('"gloo"'), wrong='answer = "nccl"'),
+    Exercise("06_forward", (1,), 16, **answer("8"), wrong="answer = 2"),
+    Exercise("07_backward", (1,), 13, **answer("0.5"), wrong="answer = 2.0"),
+    Exercise("08_allreduce", (1, 2, 3, 5), 31, check=32,
+             edit="# adds up the four ranks' gradients",
+             right="# adds up the four ranks' gradients\n    p.grad /= dist.get_world_size()",
+             wrong="# adds up the four ranks' gradients\n    p.grad /= 2"),
+    Exercise("09_optimizer_step", (1, 2, 3, 11), 13, check=14,
+             edit="        (mse(mine(x), y) / len(micro)).backward()",
+             right="        last = i == len(micro) - 1\n"
+                   "        with contextlib.nullcontext() if last else mine.no_sync():\n"
+                   "            (mse(mine(x), y) / len(micro)).backward()",
+             wrong="        with mine.no_sync():\n"
+                   "            (mse(mine(x), y) / len(micro)).backward()"),
+    Exercise("10_training_loop", (1,), 7, **answer("0.8"), wrong="answer = 0.1"),
+    Exercise("10_training_loop", (1,), 9, check=12,
+             edit="yours = totals[0] / totals[1]",
+             right="real = rank + torch.arange(len(losses)) * world < len(data)\n"
+                   "mine = torch.stack([losses[real].sum(), real.sum().float()])\n"
+                   "dist.all_reduce(mine)\n"
+                   "yours = mine[0] / mine[1]",
+             wrong="yours = losses.mean()"),
+    Exercise("11_pitfalls_and_clusters", (1, 9, 10), 24, check=25,
+             edit="model = DDP(TwoHeads())",
+             right="model = DDP(TwoHeads(), find_unused_parameters=True)",
+             wrong="model = DDP(TwoHeads(), gradient_as_bucket_view=True)"),
+    Exercise("13_communication_hooks", (1, 2, 4, 9, 11), 20, check=21,
+             edit="rank, start = None, 2", right="rank, start = 6, 24",
+             wrong="rank, start = 8, 16"),
+    Exercise("14_sharding_zero_fsdp", (1, 2, 4, 6, 8, 14), 16, check=17,
+             edit="fully_shard(layer)", right="fully_shard(layer, reshard_after_forward=False)",
+             wrong="fully_shard(layer, reshard_after_forward=True)"),
+    Exercise("15_uneven_inputs_join", (1, 5, 6), 16, check=17,
+             edit='train_uneven("mine/", divide_by_initial_world_size=False)',
+             right='train_uneven("mine/", hook=False, divide_by_initial_world_size=False)',
+             wrong='train_uneven("mine/", hook=False)'),
+    Exercise("16_mixed_precision", (1, 2, 3), 10, check=11,
+             edit="default_hooks.allreduce_hook", right="default_hooks.fp16_compress_hook",
+             wrong="default_hooks.allreduce_hook"),
+]  # fmt: skip

@@ -1,0 +1,81 @@
+"""Every exercise's solution (tests/solutions.py) makes its notebook's check say "Correct!", and
+a wrong answer, run first as a student would, makes it say "Not quite" or "Not yet".
+
+Only the cells an exercise needs are run, in a fresh kernel per live-ranks notebook and one
+kernel for the rest, from the notebook's folder (as Jupyter runs it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from solutions import EXERCISES, Exercise
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+GROUPS = {"no live ranks": [e for e in EXERCISES if not e.live]}
+GROUPS.update({e.notebook: [x for x in EXERCISES if x.notebook == e.notebook]
+               for e in EXERCISES if e.live})  # fmt: skip
+
+
+def text_of(outputs: list[dict]) -> str:
+    """What a cell printed and displayed (errors included, so a failure shows them)."""
+    parts = []
+    for output in outputs:
+        if output["output_type"] == "stream":
+            parts.append(output["text"])
+        elif output["output_type"] == "error":
+            parts.append(f"{output['ename']}: {output['evalue']}")
+        else:
+            parts.append(output.get("data", {}).get("text/plain", ""))
+    return "".join(parts)
+
+
+class Kernel:
+    """A kernel started in the notebooks' folder that runs cells given as source text."""
+
+    def __init__(self, client: NotebookClient) -> None:
+        self.client = client
+
+    def run(self, source: str) -> str:
+        cell = nbformat.v4.new_code_cell(source)
+        self.client.nb.cells.append(cell)
+        self.client.execute_cell(cell, len(self.client.nb.cells) - 1)
+        return text_of(cell.outputs)
+
+
+def edited(exercise: Exercise, source: str, answer: str) -> str:
+    assert source.count(exercise.edit) == 1, (exercise.notebook, exercise.cell, exercise.edit)
+    return source.replace(exercise.edit, answer)
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_solutions_pass_their_checks_and_wrong_answers_fail(group):
+    client = NotebookClient(nbformat.v4.new_notebook(), timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})  # fmt: skip
+    with client.setup_kernel():
+        kernel, done = Kernel(client), set()
+        for exercise in GROUPS[group]:
+            notebook = nbformat.read(NOTEBOOKS / f"{exercise.notebook}.ipynb", as_version=4)
+            cells = [cell.source for cell in notebook.cells]
+            for index in exercise.setup:
+                if (exercise.notebook, index) not in done:
+                    kernel.run(cells[index])
+                    done.add((exercise.notebook, index))
+            verdicts = {}
+            for name in ("wrong", "right"):
+                said = kernel.run(edited(exercise, cells[exercise.cell], getattr(exercise, name)))
+                if exercise.check is not None:
+                    said = kernel.run(cells[exercise.check])
+                verdicts[name] = said
+            where = f"{exercise.notebook} cell {exercise.cell}"
+            assert "Correct!" in verdicts["right"], (where, verdicts["right"])
+            wrong = verdicts["wrong"]
+            assert "Correct!" not in wrong and ("Not quite" in wrong or "Not yet" in wrong), (
+                where, wrong,
+            )  # fmt: skip
+        if any(e.live for e in GROUPS[group]):
+            assert "live ranks stopped" in kernel.run("%ranks stop")
