@@ -1,0 +1,74 @@
+"""The kit as a class outside this repository gets it (Colab, JupyterHub, conda): the built
+wheel installed into a fresh venv that has torch, the lessons copied out of the package, and
+notebooks run there in that venv's own kernel: 00 (%%torchrun), 12 (launch() over the
+examples it reads from ../examples) and 16 (live ranks)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from support import WORKERS
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ["00_introduction", "12_from_one_process_to_ddp", "16_mixed_precision"]
+EXPECTED = {  # a line each notebook prints when it ran as it should
+    "00_introduction": "[rank 3] after all_reduce every rank holds 6",
+    "12_from_one_process_to_ddp": "resumed weights == uninterrupted weights: True",
+    "16_mixed_precision": "the bf16 autocast loss is within 1 % of the float32 loss",
+}
+
+
+def run(*command: str | Path, cwd: Path) -> str:
+    """Run a command outside the repository, with no path into it; its output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run([str(part) for part in command], cwd=cwd, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def printed(notebook: nbformat.NotebookNode) -> str:
+    return "".join(output.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                   for output in cell.outputs)  # fmt: skip
+
+
+@pytest.fixture
+def venv(tmp_path):
+    """A fresh venv's folder, removed after the test (it holds a torch: over 1 GB)."""
+    yield tmp_path / "venv"
+    shutil.rmtree(tmp_path / "venv", ignore_errors=True)
+
+
+def test_the_wheel_runs_the_lessons_in_a_fresh_venv(tmp_path, venv):
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", tmp_path, ROOT,
+        cwd=tmp_path)  # fmt: skip
+    wheel = next(tmp_path.glob("ddp_kit-*.whl"))
+    python = venv / "bin" / "python"
+    run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    torch_spec = f"torch=={torch.__version__.split('+')[0]}"  # the torch this suite runs on
+    run(python, "-m", "pip", "install", "--quiet", torch_spec, wheel, "nbclient", "ipykernel",
+        cwd=tmp_path)  # fmt: skip
+    said = run(python, "-m", "ddp_kit", "lessons", "class", cwd=tmp_path)
+    assert said == ("22 lesson files copied into class; start with "
+                    "notebooks/00_introduction.ipynb\n")  # fmt: skip
+    lessons = tmp_path / "class"
+    paths = [lessons / "notebooks" / f"{name}.ipynb" for name in NOTEBOOKS]
+    run(python, WORKERS / "execute_notebooks.py", *paths, cwd=tmp_path)
+    site = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+               cwd=tmp_path).strip()  # fmt: skip
+    for name, path in zip(NOTEBOOKS, paths, strict=True):
+        executed = nbformat.read(path, as_version=4)
+        kernel_python, kit = executed.cells[0].outputs[0]["text"].split()
+        assert kernel_python == str(python) and kit == f"{site}/ddp_kit/__init__.py"
+        errors = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs
+                  if o.output_type == "error"]  # fmt: skip
+        assert not errors and EXPECTED[name] in printed(executed), name
