@@ -1,5 +1,5 @@
-"""What several test files need: the kit's processes started by THIS test run, and a child
-Python process that behaves like a notebook kernel.
+"""What several test files need: the kit's processes started by THIS test run, a child
+Python process that behaves like a notebook kernel, and the wheel built from a copy.
 
 Every process the kit starts inherits the environment, so this run's processes carry its
 marker (DDP_KIT_TEST_RUN, set by conftest.py); a notebook open in JupyterLab, another
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -71,3 +74,20 @@ from ddp_kit.worker import backend, record
 dist.init_process_group(backend())
 rank = dist.get_rank()
 """
+
+
+def build_wheel(directory: Path) -> Path:
+    """The wheel of a copy of the project's packaged files, built in `directory` (building in
+    place would leave build/ and *.egg-info in the checkout, and build/ could ship stale files)."""
+    source = directory / "source"
+    root = Path(ddp_kit.__file__).resolve().parent.parent
+    for folder in ("ddp_kit", "notebooks", "examples"):  # pyproject: the lessons' two folders
+        skip = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
+        shutil.copytree(root / folder, source / folder, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--wheel-dir", str(directory), str(source)],
+                   check=True, capture_output=True)  # fmt: skip
+    (wheel,) = directory.glob("ddp_kit-*.whl")
+    return wheel

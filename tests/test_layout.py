@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from support import build_wheel
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ddp_kit"
 IN_RANKS = ["worker", "toy", "observe", "traffic", "scratch", "speedup", "facts"]
@@ -60,15 +60,14 @@ def test_importing_the_rank_api_loads_no_kernel_module():
     assert done.stdout.strip() == "[]"
 
 
-def test_every_module_ships_in_the_wheel(tmp_path):
-    source = tmp_path / "source"  # a copy: building leaves build/ and *.egg-info beside it
-    shutil.copytree(PACKAGE, source / "ddp_kit", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(PACKAGE.parent / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--wheel-dir", str(tmp_path), str(source)],
-                   check=True, capture_output=True)  # fmt: skip
-    (wheel,) = tmp_path.glob("ddp_kit-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        shipped = {name for name in archive.namelist() if name.endswith(".py")}
-    assert shipped == {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")}
+def test_every_module_and_lesson_ships_in_the_wheel(tmp_path):
+    with zipfile.ZipFile(build_wheel(tmp_path)) as archive:
+        names = set(archive.namelist())
+    root = PACKAGE.parent
+    modules = {str(p.relative_to(root)) for p in PACKAGE.rglob("*.py")}
+    lessons = {f"ddp_kit/lessons/{p.relative_to(root)}"
+               for p in [*root.glob("notebooks/*.ipynb"), *root.glob("examples/*.py")]}  # fmt: skip
+    assert {name for name in names if name.endswith(".py")} == modules | {
+        name for name in lessons if name.endswith(".py")
+    }
+    assert lessons | {"ddp_kit/lessons/README.md"} <= names

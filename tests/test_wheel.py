@@ -14,11 +14,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from support import WORKERS
+from support import WORKERS, build_wheel
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ["00_introduction", "12_from_one_process_to_ddp", "16_mixed_precision"]
 EXPECTED = {  # a line each notebook prints when it ran as it should
     "00_introduction": "[rank 3] after all_reduce every rank holds 6",
@@ -49,9 +48,7 @@ def venv(tmp_path):
 
 
 def test_the_wheel_runs_the_lessons_in_a_fresh_venv(tmp_path, venv):
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", tmp_path, ROOT,
-        cwd=tmp_path)  # fmt: skip
-    wheel = next(tmp_path.glob("ddp_kit-*.whl"))
+    wheel = build_wheel(tmp_path)
     python = venv / "bin" / "python"
     run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     torch_spec = f"torch=={torch.__version__.split('+')[0]}"  # the torch this suite runs on
