@@ -7,8 +7,10 @@ student who first runs the cell as it is and then fixes it. Notebook 12's exerci
 check), so it has none.
 
 An exercise names its cells by index in the notebook: `setup`, the cells it needs run first (in
-order); `cell`, the one a student edits; `check`, the one that checks (the same cell when the
-answer sits next to its check). `edit` is the text of `cell` that an answer replaces.
+order); `cell`, the one a student edits; `check`, the ones run after it, the last of which
+checks (none when the answer sits next to its check). `edit` is the text of `cell` that an
+answer replaces. Notebook 18's planted bug hangs its cell: tests/test_debugging.py runs that
+exercise (`tested_in`), from the text here.
 """
 
 from __future__ import annotations
@@ -24,16 +26,19 @@ class Exercise:
     edit: str
     right: str
     wrong: str
-    check: int | None = None
-
-    @property
-    def check_cell(self) -> int:
-        return self.cell if self.check is None else self.check
+    check: tuple[int, ...] = ()
+    tested_in: str = "tests/test_solutions.py"
 
     @property
     def live(self) -> bool:
         """Whether it runs on live ranks (then its notebook gets a kernel of its own)."""
-        return self.notebook.split("_")[0] in {"08", "09", "11", "13", "14", "15", "16"}
+        return self.notebook.split("_")[0] in {"08", "09", "11", "13", "14", "15", "16", "18"}
+
+
+def exercise(notebook: str) -> Exercise:
+    """The one exercise of `notebook` (its file stem)."""
+    (found,) = [e for e in EXERCISES if e.notebook == notebook]
+    return found
 
 
 def answer(value: str) -> dict[str, str]:
@@ -53,11 +58,11 @@ EXERCISES = [
     Exercise("05_placement", (1,), 5, **answer('"gloo"'), wrong='answer = "nccl"'),
     Exercise("06_forward", (1,), 16, **answer("8"), wrong="answer = 2"),
     Exercise("07_backward", (1,), 13, **answer("0.5"), wrong="answer = 2.0"),
-    Exercise("08_allreduce", (1, 2, 3, 5), 31, check=32,
+    Exercise("08_allreduce", (1, 2, 3, 5), 31, check=(32,),
              edit="# adds up the four ranks' gradients",
              right="# adds up the four ranks' gradients\n    p.grad /= dist.get_world_size()",
              wrong="# adds up the four ranks' gradients\n    p.grad /= 2"),
-    Exercise("09_optimizer_step", (1, 2, 3, 11), 13, check=14,
+    Exercise("09_optimizer_step", (1, 2, 3, 11), 13, check=(14,),
              edit="        (mse(mine(x), y) / len(micro)).backward()",
              right="        last = i == len(micro) - 1\n"
                    "        with contextlib.nullcontext() if last else mine.no_sync():\n"
@@ -65,28 +70,34 @@ EXERCISES = [
              wrong="        with mine.no_sync():\n"
                    "            (mse(mine(x), y) / len(micro)).backward()"),
     Exercise("10_training_loop", (1,), 7, **answer("0.8"), wrong="answer = 0.1"),
-    Exercise("10_training_loop", (1,), 9, check=12,
+    Exercise("10_training_loop", (1,), 9, check=(12,),
              edit="yours = totals[0] / totals[1]",
              right="real = rank + torch.arange(len(losses)) * world < len(data)\n"
                    "mine = torch.stack([losses[real].sum(), real.sum().float()])\n"
                    "dist.all_reduce(mine)\n"
                    "yours = mine[0] / mine[1]",
              wrong="yours = losses.mean()"),
-    Exercise("11_pitfalls_and_clusters", (1, 9, 10), 24, check=25,
+    Exercise("11_pitfalls_and_clusters", (1, 9, 10), 24, check=(25,),
              edit="model = DDP(TwoHeads())",
              right="model = DDP(TwoHeads(), find_unused_parameters=True)",
              wrong="model = DDP(TwoHeads(), gradient_as_bucket_view=True)"),
-    Exercise("13_communication_hooks", (1, 2, 4, 9, 11), 20, check=21,
+    Exercise("13_communication_hooks", (1, 2, 4, 9, 11), 20, check=(21,),
              edit="rank, start = None, 2", right="rank, start = 6, 24",
              wrong="rank, start = 8, 16"),
-    Exercise("14_sharding_zero_fsdp", (1, 2, 4, 6, 8, 14), 16, check=17,
+    Exercise("14_sharding_zero_fsdp", (1, 2, 4, 6, 8, 14), 16, check=(17,),
              edit="fully_shard(layer)", right="fully_shard(layer, reshard_after_forward=False)",
              wrong="fully_shard(layer, reshard_after_forward=True)"),
-    Exercise("15_uneven_inputs_join", (1, 5, 6), 16, check=17,
+    Exercise("15_uneven_inputs_join", (1, 5, 6), 16, check=(17,),
              edit='train_uneven("mine/", divide_by_initial_world_size=False)',
              right='train_uneven("mine/", hook=False, divide_by_initial_world_size=False)',
              wrong='train_uneven("mine/", hook=False)'),
-    Exercise("16_mixed_precision", (1, 2, 3), 10, check=11,
+    Exercise("16_mixed_precision", (1, 2, 3), 10, check=(11,),
              edit="default_hooks.allreduce_hook", right="default_hooks.fp16_compress_hook",
              wrong="default_hooks.allreduce_hook"),
+    Exercise("18_debugging_ddp", (1, 2, 3), 37, check=(38, 39),
+             edit="        if loss.item() < target:\n",
+             right="        mean = loss.detach().clone()  # decide on the loss over all ranks\n"
+                   "        dist.all_reduce(mean)\n"
+                   "        if mean.item() / world < target:\n",
+             wrong="        if loss.item() < target:\n", tested_in="tests/test_debugging.py"),
 ]  # fmt: skip

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import solutions
 from support import WORKERS
 
 import ddp_kit
@@ -99,12 +100,8 @@ def test_debug_info_names_the_unused_parameters_and_detail_with_ddp_is_said_to_c
 
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "18_debugging_ddp.ipynb"
-PLANTED = "        if loss.item() < target:\n"
-SOLUTION = (  # decide on the loss over all ranks: every rank sees the same number
-    "        mean = loss.detach().clone()\n"
-    "        dist.all_reduce(mean)\n"
-    "        if mean.item() / world < target:\n"
-)
+EXERCISE = solutions.exercise("18_debugging_ddp")
+PLANTED, SOLUTION = EXERCISE.edit, EXERCISE.right
 
 
 def test_the_debugging_exercise_hangs_as_planted_and_passes_with_its_solution(capsys):

@@ -20,6 +20,7 @@ from ddp_kit.shared.processes import stop_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+LESSONS = len(workspace.lesson_files())  # README, notebooks, examples
 
 
 def notebook(path: Path) -> dict:
@@ -56,7 +57,7 @@ def test_a_copy_never_replaces_a_students_file_unasked(tmp_path):
     workspace.copy_lessons(tmp_path)
     mine = tmp_path / "notebooks" / "03_model.ipynb"
     mine.write_text("my work")
-    with pytest.raises(workspace.WorkspaceError, match="already holds 22 of the lesson files"):
+    with pytest.raises(workspace.WorkspaceError, match=f"already holds {LESSONS} of the lesson"):
         workspace.copy_lessons(tmp_path)
     (tmp_path / "examples" / "common.py").unlink()  # as if added to the kit since
     assert workspace.copy_lessons(tmp_path, missing_only=True) == ["examples/common.py"]
@@ -75,7 +76,8 @@ def test_reset_brings_a_fresh_lesson_and_keeps_the_old_one(tmp_path):
     assert backup.parent == tmp_path / "backups"
     assert (backup / "notebooks" / "08_allreduce.ipynb").read_text() == "my work"
     names, second = workspace.reset(tmp_path)  # everything, the same second: its own folder
-    assert len(names) == 22 and second != backup and len(list(second.rglob("*.ipynb"))) == 18
+    assert len(names) == LESSONS and second != backup
+    assert len(list(second.rglob("*.ipynb"))) == len(NOTEBOOKS)
 
 
 @pytest.mark.parametrize(
@@ -97,11 +99,11 @@ def test_the_command_line_refuses_with_one_clear_line(tmp_path):
     assert made.returncode == 0, made.stderr
     assert (
         made.stdout
-        == "22 lesson files copied into mine; start with notebooks/00_introduction.ipynb\n"
+        == f"{LESSONS} lesson files copied into mine; start with notebooks/00_introduction.ipynb\n"
     )
     again = run("lessons", "mine")
     assert again.returncode == 2 and again.stdout == ""
-    assert again.stderr.startswith("python -m ddp_kit lessons: mine already holds 22 of the")
+    assert again.stderr.startswith(f"python -m ddp_kit lessons: mine already holds {LESSONS} of")
     assert "Traceback" not in again.stderr and again.stderr.count("\n") == 1
     unknown = run("reset", "mine", "99")
     assert unknown.returncode == 2 and "'99' is not a lesson. Name one of: 00_introduction" in (
