@@ -35,9 +35,10 @@ SOURCE_TAG = re.compile(r"\[(?:\.\.)?/\S+:\d+\] ")  # gloo's "[/path/to/file.cc:
 # c10d::Logger::set_env_variables (called by DDP's constructor); docs/upstream.md.
 DETAIL_CRASH = (
     "Under `--debug detail` (TORCH_DISTRIBUTED_DEBUG=DETAIL) torch 2.13 crashes a rank that "
-    "builds DistributedDataParallel (SIGSEGV in c10d::Logger::set_env_variables, DDP's "
-    "constructor). Use `--debug info` with DDP models (DDP then still names the parameters "
-    "that got no gradient); keep detail for checking plain collectives."
+    "builds DistributedDataParallel on a gloo group made under it (SIGSEGV in "
+    "c10d::Logger::set_env_variables, DDP's constructor). Use `--debug info` with DDP models "
+    "(DDP then still names the parameters that got no gradient); keep detail for checking "
+    "plain collectives."
 )
 
 HANG_HELP = (

@@ -57,9 +57,10 @@ def _run_flags(function: Callable) -> dict[tuple[str, ...], dict]:
         ("--output",): {"choices": OUTPUT_MODES, "default": default("output"), "help": modes},
         ("--debug",): {"choices": list(DEBUG_LEVELS), "default": default("debug"),
                        "help": "TORCH_DISTRIBUTED_DEBUG for the ranks; info: DDP names the "
-                       "parameters that got no gradient; detail: every collective checked to "
-                       "match across ranks, both named if not (torch 2.13 crashes a rank that "
-                       "builds DDP under detail) (default: %(default)s)"},
+                       "parameters that got no gradient; detail: before every collective the "
+                       "ranks compare its type, sequence number and tensor shapes, dtypes and "
+                       "devices, and name both if they differ (torch 2.13, gloo: DDP built on a "
+                       "group made under detail crashes the rank) (default: %(default)s)"},
     }  # fmt: skip
 
 
