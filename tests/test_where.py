@@ -22,12 +22,12 @@ ONE_RANK_ALL_REDUCE = "x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)\
 
 @pytest.mark.torchrun
 def test_where_names_the_waiting_rank_and_line_long_before_the_timeout():
-    with Session(4, collective_timeout=10, cell_timeout=60, output="quiet") as session:
+    with Session(4, collective_timeout=7, cell_timeout=60, output="quiet") as session:
         session.run(SETUP)
         seen: dict[str, str] = {}
 
         def probe() -> None:
-            time.sleep(4)  # ranks say where after 2 s; the collective times out at 10 s
+            time.sleep(4)  # ranks say where after 2 s; the collective times out at 7 s
             seen["where"] = session.where()
 
         prober = threading.Thread(target=probe)
