@@ -43,7 +43,8 @@ def lesson_files() -> dict[str, Path]:
         files.update({f"{folder}/{path.name}": path for path in sorted(source.glob(pattern))})
     if not any(name.startswith("notebooks/") for name in files):
         raise WorkspaceError(f"No lessons found in {PACKAGE_LESSONS} or {CHECKOUT}: reinstall "
-                             "ddp-kit (pip install ddp-kit).")  # fmt: skip
+                             "the kit's wheel (pip install ddp_kit-*.whl), or run pip install -e . "
+                             "in its repository.")  # fmt: skip
     return files
 
 

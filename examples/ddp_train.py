@@ -22,7 +22,7 @@ def main() -> None:
     args = parser.parse_args()
 
     local_rank = int(os.environ["LOCAL_RANK"])  # torchrun: this process's index on its machine
-    if torch.cuda.is_available():  # one GPU per process: nccl
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):  # a GPU each: nccl
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:  # CPU processes: gloo

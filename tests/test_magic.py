@@ -43,6 +43,7 @@ def test_failure_raises_and_keeps_the_result(shell):
     [
         ("-n two", "argument -n/--nproc: invalid int value: 'two'"),
         ("--nprocs 2", "unrecognized arguments: --nprocs 2"),
+        ("--time 5", "unrecognized arguments: --time 5"),  # never taken for --timeout
         ("-n 0", "nproc=0"),
         ("--output loud", "invalid choice: 'loud'"),
         ("--result 1x", "is not a variable name"),

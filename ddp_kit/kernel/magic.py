@@ -20,7 +20,11 @@ from .torchrun import DEBUG_LEVELS
 
 
 class MagicParser(argparse.ArgumentParser):
-    """argparse that raises LaunchConfigError (never sys.exit inside a kernel)."""
+    """argparse that raises LaunchConfigError (never sys.exit inside a kernel), and takes a
+    flag only by its full name (a script's `--time` is not the kit's `--timeout`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:
         raise LaunchConfigError(f"{self.prog}: {message}. Usage: {self.format_usage().strip()}")
@@ -121,9 +125,13 @@ def torchrun_magic(line: str, cell: str, namespace: dict) -> None:
     flags, script_args = split_script_args(line)
     args, unknown = torchrun_parser().parse_known_args(flags)
     if unknown:
+        kept = list(flags)
+        for word in reversed(unknown):  # argparse leaves them in order: take each from the end
+            del kept[len(kept) - 1 - kept[::-1].index(word)]
+        known = shlex.join(kept)
         raise LaunchConfigError(
             f"%%torchrun: unrecognized arguments: {' '.join(unknown)}. The script's own "
-            f"arguments go after `--`: %%torchrun -n {args.nproc} -- {shlex.join(unknown)}"
+            f"arguments go after `--`: %%torchrun {known} -- {shlex.join([*unknown, *script_args])}"
         )
     try:
         result = launch(cell, args=script_args, **_options(args, "result"))
