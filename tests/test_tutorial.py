@@ -12,6 +12,7 @@ import re
 import sys
 import textwrap
 import threading
+import weakref
 from datetime import timedelta
 from pathlib import Path
 
@@ -162,6 +163,33 @@ def test_the_watch_finds_the_innermost_wait_and_its_own_timeout():
         release.set()
         thread.join()
     assert seen == {"wait": waits.INIT, "limit": 7 + waits.GRACE}
+
+
+def test_the_watch_keeps_no_frame_of_a_wait_that_ended():
+    # A frame kept would keep the wait's locals (the DDP model, the groups that
+    # destroy_process_group removed) alive after the cell, to be freed later on the watch's thread.
+    code = textwrap.dedent("""
+        def release(held):
+            go.wait(10)
+        release(Held())
+    """)
+    fake = Path("ddp_kit/rank/groups.py")
+    go, alive = threading.Event(), []
+    held = type("Held", (), {"__init__": lambda self: alive.append(weakref.ref(self))})
+    thread = threading.Thread(target=exec, args=(compile(code, str(fake), "exec"),
+                                                 {"go": go, "Held": held}))  # fmt: skip
+    watch = waits.Watch(0, timedelta(seconds=60), on_stall=lambda failure: None)
+    thread.start()
+    watch.main = thread.ident  # the thread stands for a rank's main thread
+    watch.thread.start()
+    try:
+        threading.Event().wait(3 * waits.POLL)  # seen in release() twice or more
+        go.set()
+        thread.join()
+        threading.Event().wait(3 * waits.POLL)  # looked again, and found no wait
+        assert alive[0]() is None
+    finally:
+        watch.stopped.set()
 
 
 def test_ranks_that_each_stalled_failed_too_never_as_a_consequence():

@@ -41,6 +41,7 @@ from ..shared.failures import RankFailure
 
 GRACE = 5.0  # seconds past the timeout, so that torch's own timeout error comes first
 POLL = 0.5
+STALLED = (0, 0.0)  # what _poll returns once it has ended a wait
 
 
 @dataclass(frozen=True)
@@ -148,21 +149,28 @@ class Watch:
     ) -> None:
         self.rank, self.timeout, self.on_stall = rank, timeout, on_stall
         self.main = threading.main_thread().ident
+        self.stopped = threading.Event()  # set: the thread ends (tests)
         self.thread = threading.Thread(target=self._run, name="ddp_kit-wait-watch", daemon=True)
 
     def _run(self) -> None:
         since: tuple[int, float] | None = None  # (id of the wait's frame, when it was first seen)
-        while True:
-            time.sleep(POLL)
-            found = waiting_in(sys._current_frames().get(self.main))
-            if found is None:
-                since = None
-                continue
-            wait, frame = found
-            if since is None or since[0] != id(frame):
-                since = (id(frame), time.monotonic())
-                continue
-            waited = time.monotonic() - since[1]
-            if waited > limit(frame, self.timeout):
-                self.on_stall(report(self.rank, wait, frame, waited))
+        while not self.stopped.wait(POLL):
+            since = self._poll(since)
+            if since is STALLED:
                 return
+
+    def _poll(self, since: tuple[int, float] | None) -> tuple[int, float] | None:
+        """One look at the main thread. The frames it sees are dropped when it returns: a frame
+        kept between looks would keep that wait's locals alive (the DDP model and the process
+        groups a finished destroy_process_group removed), and free them later on this thread."""
+        found = waiting_in(sys._current_frames().get(self.main))
+        if found is None:
+            return None
+        wait, frame = found
+        if since is None or since[0] != id(frame):
+            return (id(frame), time.monotonic())
+        waited = time.monotonic() - since[1]
+        if waited > limit(frame, self.timeout):
+            self.on_stall(report(self.rank, wait, frame, waited))
+            return STALLED
+        return since
