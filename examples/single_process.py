@@ -18,7 +18,10 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    train(args, device)
 
+
+def train(args: argparse.Namespace, device: torch.device) -> None:
     data = make_data()
     order = torch.Generator()
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, generator=order)
