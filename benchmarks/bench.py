@@ -43,10 +43,11 @@ def bare_torchrun(
 ) -> tuple[float, str]:
     """Run `script` with plain torchrun on loopback; return (seconds, stdout).
 
-    Plain torchrun jobs fail now and then as their ranks exit (gloo's threads abort the
-    interpreter's teardown: "terminate called without an active exception"). Such a run is
-    retried and counted in BARE_FAILURES, so the baseline's timing survives and its
-    failures are reported.
+    A script that leaves gloo's threads running at exit fails now and then as its ranks exit
+    ("terminate called without an active exception"; docs/upstream.md, section 4: 5 bare runs
+    in 20 of the trivial job before it freed its model and imported torch.distributed.nn
+    first, 0 in 30 after). A failed run is retried and counted in BARE_FAILURES, so the
+    baseline's timing survives and its failures are reported.
     """
     command, env = bare_command(script, nproc, args)
     for _ in range(attempts):

@@ -8,6 +8,7 @@ import psutil
 process_start = psutil.Process().create_time()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import torch.distributed.nn  # noqa: E402, F401  (before init: examples/ddp_train.py says why)
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 imported = time.time()
@@ -21,4 +22,5 @@ if dist.get_rank() == 0:
     marks = dict(process_start=process_start, imported=imported, initialized=initialized,
                  wrapped=wrapped, stepped=stepped)  # fmt: skip
     print("BENCH " + json.dumps(marks), flush=True)
+del model  # before the group: docs/upstream.md, sections 1 and 4
 dist.destroy_process_group()
