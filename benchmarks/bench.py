@@ -44,10 +44,11 @@ def bare_torchrun(
     """Run `script` with plain torchrun on loopback; return (seconds, stdout).
 
     A script that leaves gloo's threads running at exit fails now and then as its ranks exit
-    ("terminate called without an active exception"; docs/upstream.md, section 4: 5 bare runs
-    in 20 of the trivial job before it freed its model and imported torch.distributed.nn
-    first, 0 in 30 after). A failed run is retried and counted in BARE_FAILURES, so the
-    baseline's timing survives and its failures are reported.
+    ("terminate called without an active exception"; the cause: docs/upstream.md, section 4).
+    The trivial job aborted in 5 bare runs of 20 before it freed its model and imported
+    torch.distributed.nn first, 0 of 30 after; it now imports torch._dynamo first. A failed
+    run is retried and counted in BARE_FAILURES, so the baseline's timing survives and its
+    failures are reported.
     """
     command, env = bare_command(script, nproc, args)
     for _ in range(attempts):

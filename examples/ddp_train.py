@@ -4,11 +4,13 @@ import argparse
 import os
 
 import torch
-import torch.distributed as dist
 
-# Before init_process_group: DDP imports it later, and then (torch 2.13) its defaults keep the
-# group alive after destroy_process_group; about 1 run in 6 on a busy CPU then aborts at exit.
-import torch.distributed.nn  # noqa: F401
+# Imported before init_process_group, not by DDP's constructor later (torch 2.13): with it comes
+# torch.distributed.nn, whose defaults would keep the group alive after destroy_process_group
+# (about 1 run in 6 on a busy CPU then aborts at exit), and imported from inside DDP it leaves
+# a reference cycle that keeps the first DDP model alive until the garbage collector runs.
+import torch._dynamo  # noqa: F401
+import torch.distributed as dist
 from common import load_checkpoint, make_data, make_model, save_checkpoint
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -33,7 +35,7 @@ def main() -> None:
         device = torch.device("cpu")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     train(args, device, local_rank)
-    dist.destroy_process_group()  # once train() has freed the DDP model, which holds the group
+    dist.destroy_process_group()  # train() returned: its DDP model (it holds the group) is gone
 
 
 def train(args: argparse.Namespace, device: torch.device, local_rank: int) -> None:

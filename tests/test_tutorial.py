@@ -166,8 +166,9 @@ def test_the_watch_finds_the_innermost_wait_and_its_own_timeout():
 
 
 def test_the_watch_keeps_no_frame_of_a_wait_that_ended():
-    # A frame kept would keep the wait's locals (the DDP model, the groups that
-    # destroy_process_group removed) alive after the cell, to be freed later on the watch's thread.
+    # A frame kept would keep the wait's locals and its callers' (the groups that
+    # destroy_process_group removed, the caller's DDP model) alive after the cell, to be freed
+    # later on the watch's thread.
     code = textwrap.dedent("""
         def release(held):
             go.wait(10)

@@ -7,8 +7,8 @@ import psutil
 
 process_start = psutil.Process().create_time()
 import torch  # noqa: E402
+import torch._dynamo  # noqa: E402, F401  (before init: examples/ddp_train.py says why)
 import torch.distributed as dist  # noqa: E402
-import torch.distributed.nn  # noqa: E402, F401  (before init: examples/ddp_train.py says why)
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 imported = time.time()

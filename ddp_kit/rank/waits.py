@@ -161,8 +161,9 @@ class Watch:
 
     def _poll(self, since: tuple[int, float] | None) -> tuple[int, float] | None:
         """One look at the main thread. The frames it sees are dropped when it returns: a frame
-        kept between looks would keep that wait's locals alive (the DDP model and the process
-        groups a finished destroy_process_group removed), and free them later on this thread."""
+        kept between looks would keep that wait's locals and, through f_back, its callers' alive
+        (the groups a finished destroy_process_group removed, the DDP model of the function
+        that called it), and free them later on this thread."""
         found = waiting_in(sys._current_frames().get(self.main))
         if found is None:
             return None
