@@ -45,8 +45,9 @@ def bare_torchrun(
 
     A script that leaves gloo's threads running at exit fails now and then as its ranks exit
     ("terminate called without an active exception"; the cause: docs/upstream.md, section 4).
-    The trivial job aborted in 5 bare runs of 20 before it freed its model and imported
-    torch.distributed.nn first, 0 of 30 after; it now imports torch._dynamo first. A failed
+    Under bare torchrun beside a CPU hog the trivial job aborted in 5 of 20 runs; after
+    `del model` and importing torch.distributed.nn first, 0 of 30 (the model then freed only
+    by the collector); it now imports torch._dynamo first, so `del model` frees it. A failed
     run is retried and counted in BARE_FAILURES, so the baseline's timing survives and its
     failures are reported.
     """
