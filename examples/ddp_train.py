@@ -7,8 +7,9 @@ import torch
 
 # Imported before init_process_group, not by DDP's constructor later (torch 2.13): with it comes
 # torch.distributed.nn, whose defaults would keep the group alive after destroy_process_group
-# (about 1 run in 6 on a busy CPU then aborts at exit), and imported from inside DDP it leaves
-# a reference cycle that keeps the first DDP model alive until the garbage collector runs.
+# (gloo's threads then die with the interpreter, and a rank can abort at exit), and imported
+# from inside DDP it leaves a reference cycle that keeps the first DDP model alive until the
+# garbage collector runs. Counts: docs/upstream.md, section 4.
 import torch._dynamo  # noqa: F401
 import torch.distributed as dist
 from common import load_checkpoint, make_data, make_model, save_checkpoint
