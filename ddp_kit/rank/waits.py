@@ -41,7 +41,6 @@ from ..shared.failures import RankFailure
 
 GRACE = 5.0  # seconds past the timeout, so that torch's own timeout error comes first
 POLL = 0.5
-STALLED = (0, 0.0)  # what _poll returns once it has ended a wait
 
 
 @dataclass(frozen=True)
@@ -149,15 +148,13 @@ class Watch:
     ) -> None:
         self.rank, self.timeout, self.on_stall = rank, timeout, on_stall
         self.main = threading.main_thread().ident
-        self.stopped = threading.Event()  # set: the thread ends (tests)
+        self.stopped = threading.Event()  # set: the thread ends (after a stall, or by a test)
         self.thread = threading.Thread(target=self._run, name="ddp_kit-wait-watch", daemon=True)
 
     def _run(self) -> None:
         since: tuple[int, float] | None = None  # (id of the wait's frame, when it was first seen)
         while not self.stopped.wait(POLL):
             since = self._poll(since)
-            if since is STALLED:
-                return
 
     def _poll(self, since: tuple[int, float] | None) -> tuple[int, float] | None:
         """One look at the main thread. The frames it sees are dropped when it returns: a frame
@@ -173,5 +170,5 @@ class Watch:
         waited = time.monotonic() - since[1]
         if waited > limit(frame, self.timeout):
             self.on_stall(report(self.rank, wait, frame, waited))
-            return STALLED
+            self.stopped.set()
         return since
