@@ -1,5 +1,5 @@
-"""ddp-kit benchmark: launch overhead vs bare torchrun, live ranks vs fresh launches, gloo
-all-reduce bandwidth, scaling.
+"""ddp-kit benchmark: launch overhead vs bare torchrun, the fast start vs the plain start,
+live ranks vs fresh launches, gloo all-reduce bandwidth, scaling.
 
     ./kit bench                 # full run (several minutes on 2 cores)
     ./kit bench --smoke         # a minute: tiny sizes, 2 ranks, no notebook suite
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -75,12 +76,14 @@ def bench_line(stdout: str) -> dict:
 
 
 def launch_overhead(ranks: list[int], repeats: int) -> dict:
-    """Median wall time of a trivial DDP job, bare torchrun vs ddp_kit, with a breakdown."""
+    """Median wall time of a trivial DDP job, bare torchrun vs ddp_kit (its fork server warm),
+    with a breakdown."""
     script = WORKERS / "trivial_ddp.py"
     out = {}
     for nproc in ranks:
         rows = {"bare": [], "kit": []}
         phases = {"bare": [], "kit": []}
+        kit_launch(script, nproc, [])  # the fork server warm, as after a kernel's first run
         for _ in range(repeats):
             for name, runner in (("bare", bare_torchrun), ("kit", kit_launch)):
                 start = time.time()
@@ -103,6 +106,62 @@ def launch_overhead(ranks: list[int], repeats: int) -> dict:
             }
         result["ratio"] = result["kit"] / result["bare"]
         result["added_s"] = result["kit"] - result["bare"]
+        out[nproc] = result
+    return out
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's ended and waited-for descendants, so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def kit_kernel(nproc: int, jobs: int, fast: bool) -> tuple[dict, float]:
+    """A fresh kernel (workers/kit_kernel.py) that runs `jobs` trivial DDP jobs and then a live
+    session until DDP is built, with the fast start on or off: its timings, and the CPU
+    seconds of its whole process tree."""
+    env = dict(os.environ, DDP_KIT_FAST_START="1" if fast else "0")
+    command = [sys.executable, str(WORKERS / "kit_kernel.py"), str(nproc), str(jobs)]
+    before = children_cpu()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return bench_line(done.stdout), children_cpu() - before
+
+
+def fast_start(ranks: list[int], repeats: int, jobs: int) -> dict:
+    """The fast start against the plain start and bare torchrun, interleaved in one run: a
+    trivial DDP job's wall and CPU seconds (the fork server warm: the kernel's later jobs),
+    the first job of a fresh kernel, a fresh kernel's live session until DDP is built, and
+    the idle fork server's memory.
+
+    A job's CPU seconds in a kernel: the CPU of a kernel that ran `jobs` jobs and a session,
+    less that of a kernel that ran the session alone, over `jobs`."""
+    script = WORKERS / "trivial_ddp.py"
+    out = {}
+    for nproc in ranks:
+        rows: dict[str, list] = {}
+        for _ in range(repeats):
+            before = children_cpu()
+            seconds, _ = bare_torchrun(script, nproc, [])
+            rows.setdefault("bare_job_s", []).append(seconds)
+            rows.setdefault("bare_job_cpu_s", []).append(children_cpu() - before)
+            for mode, fast in (("plain", False), ("fast", True)):
+                timings, cpu = kit_kernel(nproc, jobs, fast)
+                session_alone, cpu_alone = kit_kernel(nproc, 0, fast)
+                rows.setdefault(f"{mode}_first_job_s", []).append(timings["jobs_s"][0])
+                rows.setdefault(f"{mode}_job_s", []).extend(timings["jobs_s"][1:])
+                rows.setdefault(f"{mode}_job_cpu_s", []).append((cpu - cpu_alone) / jobs)
+                rows.setdefault(f"{mode}_session_ready_s", []).append(
+                    session_alone["session_ready_s"]
+                )
+                rows.setdefault(f"{mode}_session_ready_after_a_job_s", []).append(
+                    timings["session_ready_s"]
+                )
+                if timings["server"]:
+                    rows.setdefault("server_rss_mib", []).append(timings["server"]["rss_mib"])
+                    rows.setdefault("server_uss_mib", []).append(timings["server"]["uss_mib"])
+        result = {name: statistics.median(values) for name, values in rows.items()}
+        result["fast_to_bare"] = result["fast_job_s"] / result["bare_job_s"]
+        result["plain_to_bare"] = result["plain_job_s"] / result["bare_job_s"]
         out[nproc] = result
     return out
 
@@ -277,6 +336,26 @@ def report(res: dict) -> str:
             lines.append(f"    {phase:20s} {seconds:6.2f} s (bare {r['bare_phases'][phase]:.2f} s)")
     for failure in res.get("bare_failures", []):
         lines.append(f"    a bare torchrun run failed and was retried: {failure}")
+    lines.append("== fast start: fork server vs plain start vs bare torchrun (medians) ==")
+    for nproc, r in res["fast_start"].items():
+        lines.append(
+            f"{nproc} ranks, trivial DDP job: bare torchrun {r['bare_job_s']:.2f} s "
+            f"({r['bare_job_cpu_s']:.1f} CPU s), kit plain {r['plain_job_s']:.2f} s "
+            f"({r['plain_job_cpu_s']:.1f} CPU s), kit fast {r['fast_job_s']:.2f} s "
+            f"({r['fast_job_cpu_s']:.1f} CPU s): fast/bare {r['fast_to_bare']:.2f}"
+        )
+        lines.append(
+            f"    a fresh kernel's first job: plain {r['plain_first_job_s']:.2f} s, "
+            f"fast {r['fast_first_job_s']:.2f} s (the fork server's imports included)"
+        )
+        lines.append(
+            f"    live session until DDP is built: fresh kernel plain "
+            f"{r['plain_session_ready_s']:.2f} s, fast {r['fast_session_ready_s']:.2f} s;"
+            f" after a job plain {r['plain_session_ready_after_a_job_s']:.2f} s, fast "
+            f"{r['fast_session_ready_after_a_job_s']:.2f} s"
+        )
+        lines.append(f"    idle fork server: {r['server_rss_mib']:.0f} MiB resident, "
+                     f"{r['server_uss_mib']:.0f} MiB its own (USS)")  # fmt: skip
     lines.append(f"== gloo all-reduce (memory copy {res['memcpy'] / 1e9:.2f} GB/s) ==")
     for nproc, rows in res["allreduce"].items():
         for r in rows:
@@ -321,6 +400,7 @@ def main(argv: list[str] | None = None) -> dict:
     res = {
         "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, gloo on 127.0.0.1",
         "launch": launch_overhead(ranks, repeats=1 if args.smoke else args.repeats),
+        "fast_start": fast_start(ranks, 1 if args.smoke else args.repeats, 2 if args.smoke else 3),
         "memcpy": memcpy_bandwidth(),
         "allreduce": allreduce(ranks, sizes),
         "live": live_ranks(ranks, 5 if args.smoke else 30, 1 if args.smoke else 3),

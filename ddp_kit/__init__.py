@@ -76,9 +76,12 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython) -> None:
-    """`%load_ext ddp_kit`: the %%torchrun and %ranks magics, and inline figures."""
+    """`%load_ext ddp_kit`: the %%torchrun and %ranks magics, inline figures, and the fork
+    server started ahead of the first run (kernel.fast_start)."""
+    from .kernel import fast_start
     from .kernel.magic import register
     from .plots import show_figures_in
 
     register(ipython)
     show_figures_in(ipython)
+    fast_start.prestart()

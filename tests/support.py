@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -33,7 +34,9 @@ KERNEL_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_
 
 
 def kit_processes() -> list[psutil.Process]:
-    """Every living process of the kit started by this test run, orphans included."""
+    """Every living process of the kit started by this test run, orphans included, except a
+    fork server that still has its kernel as its parent: it lives as long as its kernel
+    (kernel.fast_start). What a server forked is counted, and so is a server left behind."""
     marker = os.environ[RUN_MARKER]
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
@@ -42,12 +45,32 @@ def kit_processes() -> list[psutil.Process]:
             k in cmdline for k in KIT_COMMANDS
         ):
             continue
+        if "ddp_kit.rank.forkserver" in cmdline and cmdline.endswith(f" {proc.ppid()}"):
+            continue  # a fork server with its kernel: `... forkserver SOCKET KERNEL_PID`
         try:
             if proc.environ().get(RUN_MARKER) == marker:
                 found.append(proc)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return found
+
+
+def kit_roles() -> Counter:
+    """This run's kit processes by role: "agent" and "rank" (started plain, or the relay that
+    torchrun or the kernel started in a fast start), "forked" (the process behind a relay)
+    and "fork server" (another process's: a child kernel's)."""
+    roles: Counter = Counter()
+    for proc in kit_processes():
+        try:
+            words = proc.cmdline()
+            parent = " ".join(proc.parent().cmdline()) if proc.parent() else ""
+        except psutil.Error:
+            continue
+        if "ddp_kit.rank.forkserver" in words:
+            roles["forked" if "ddp_kit.rank.forkserver" in parent else "fork server"] += 1
+        else:
+            roles["agent" if "ddp_kit.rank.agent" in words else "rank"] += 1
+    return roles
 
 
 def wait_until_gone(seconds: float = 5.0) -> list[str]:

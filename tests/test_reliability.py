@@ -73,10 +73,14 @@ def test_interrupt_stops_the_whole_process_tree():
     assert wait_until_gone(1) == []
 
 
+@pytest.mark.parametrize("start", ["fast", "plain"])
 @pytest.mark.parametrize("guard", ["pdeathsig", "watchdog"])
-def test_killed_launcher_leaves_no_orphans(guard):
+def test_killed_launcher_leaves_no_orphans(guard, start):
     # "watchdog": Linux's PR_SET_PDEATHSIG off, as on macOS; the portable watchdog alone
-    launcher = start_launcher({"DDP_KIT_NO_PDEATHSIG": "1"} if guard == "watchdog" else {})
+    env = {"DDP_KIT_NO_PDEATHSIG": "1"} if guard == "watchdog" else {}
+    if start == "plain":  # no fork server (kernel.fast_start)
+        env["DDP_KIT_FAST_START"] = "0"
+    launcher = start_launcher(env)
     launcher.kill()  # a crashed or restarted kernel: no chance to clean up
     launcher.wait()
     assert wait_until_gone(10) == []

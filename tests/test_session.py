@@ -16,7 +16,7 @@ from multiprocessing.connection import Client, Listener
 import numpy as np
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from support import KERNEL_SIGINT, SETUP, kit_frames, kit_processes, wait_until_gone
+from support import KERNEL_SIGINT, SETUP, kit_frames, kit_roles, wait_until_gone
 
 import ddp_kit
 from ddp_kit.kernel.channel import accept_ranks
@@ -116,13 +116,20 @@ def test_interrupting_the_kernel_interrupts_the_ranks_and_keeps_the_session():
     assert wait_until_gone(5) == []
 
 
+@pytest.mark.parametrize("start", ["fast", "plain"])
 @pytest.mark.parametrize("guard", ["pdeathsig", "watchdog"])
-def test_a_killed_kernel_leaves_no_process(guard):
+def test_a_killed_kernel_leaves_no_process(guard, start):
     env = {"DDP_KIT_NO_PDEATHSIG": "1"} if guard == "watchdog" else {}
+    if start == "plain":
+        env["DDP_KIT_FAST_START"] = "0"
     kernel = start_kernel(KERNEL, env)
-    assert len(kit_processes()) == 3  # one agent, two ranks
-    kernel.kill()  # a crashed or restarted kernel: no chance to clean up
-    kernel.wait()
+    try:
+        roles = kit_roles()
+        assert (roles["agent"], roles["rank"]) == (1, 2)
+        assert roles["forked"] == (3 if start == "fast" else 0)  # behind the relays
+    finally:
+        kernel.kill()  # a crashed or restarted kernel: no chance to clean up
+        kernel.wait()
     assert wait_until_gone(15) == []
 
 

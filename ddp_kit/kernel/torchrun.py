@@ -26,6 +26,7 @@ from pathlib import Path
 from ..shared import contract
 from ..shared.errors import LaunchConfigError
 from ..shared.processes import stop_tree
+from . import fast_start
 from .output import validate_output
 
 MAX_RANKS = 64
@@ -108,7 +109,7 @@ def rank_env(
 ) -> dict[str, str]:
     """The environment of every agent and rank: loopback gloo, where to write results, and
     torch's distributed debug level (unless `extra` sets TORCH_DISTRIBUTED_DEBUG itself)."""
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parent.parent.parent)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(
@@ -166,8 +167,10 @@ class Agents:
     @classmethod
     def start(cls, commands: list[list[str]], env: dict[str, str], nproc: int) -> Agents:
         """Start one agent per command (node), each in its own session: the kernel's ^C
-        reaches the kernel alone, which then stops the agents itself."""
+        reaches the kernel alone, which then stops the agents itself. A fast start
+        (kernel.fast_start) starts relays of the same commands."""
         agents = cls()
+        commands, env = fast_start.relayed(commands, env)
         for node, command in enumerate(commands):
             proc = subprocess.Popen(
                 command,

@@ -13,12 +13,15 @@ DDP_KIT_ERROR_DIR           where a rank that raised writes its report  (run dir
 DDP_KIT_MARKER_DIR          where the runner leaves a rank's markers    (run directory/markers)
 DDP_KIT_SESSION_ADDRESS     host:port a live rank connects back to (sessions only)
 DDP_KIT_SESSION_KEY_FILE    the file holding the session's key (sessions only)
+DDP_KIT_FORK_SERVER         the fork server's socket, for the relays (fast start only)
 
 Switches, set by a user or a test run, and read where they act
 --------------------------------------------------------------
 DDP_KIT_PROGRESS=0          no status line while a launch starts (kernel)
 DDP_KIT_NOTES_FILE=PATH     notes go to this file instead of under the cell (kernel)
 DDP_KIT_NO_PDEATHSIG=1      no Linux parent-death signal: the portable watchdog alone (ranks)
+DDP_KIT_FAST_START=0        no fork server: every agent and rank starts as a fresh Python and
+                            imports torch itself, as before the fast start (kernel)
 
 The run directory: one per launch or session, private (mode 0700)
 -----------------------------------------------------------------
@@ -69,10 +72,12 @@ ERROR_DIR = "DDP_KIT_ERROR_DIR"
 MARKER_DIR = "DDP_KIT_MARKER_DIR"
 SESSION_ADDRESS = "DDP_KIT_SESSION_ADDRESS"
 SESSION_KEY_FILE = "DDP_KIT_SESSION_KEY_FILE"
+FORK_SERVER = "DDP_KIT_FORK_SERVER"
 
 PROGRESS = "DDP_KIT_PROGRESS"
 NOTES_FILE = "DDP_KIT_NOTES_FILE"
 NO_PDEATHSIG = "DDP_KIT_NO_PDEATHSIG"
+FAST_START = "DDP_KIT_FAST_START"
 
 STALLED_WAIT = "StalledWait"
 

@@ -3,13 +3,19 @@
 Two guards, both armed in every agent and rank: Linux's PR_SET_PDEATHSIG (the kernel signals
 the child when its parent exits) and a portable watchdog thread that notices the parent is
 gone (macOS has no PDEATHSIG). `stop_tree` ends a whole tree from the kernel's side.
+
+A process forked by the fork server (rank.forkserver) has the server as its parent, and its
+relay stands in for it under torchrun: there, the relay takes the parent-death signal (the
+child asks it to), and one thread ends the child with SIGKILL once the relay is gone.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -21,13 +27,45 @@ from .contract import NO_PDEATHSIG
 PR_SET_PDEATHSIG = 1
 WATCH_SECONDS = 0.5
 
+_relay_link: socket.socket | None = None  # set in a process forked by the fork server
+
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Deliver `sig` to this process when its parent exits: PDEATHSIG on Linux, and a watchdog."""
+    """Deliver `sig` to this process when its parent exits: PDEATHSIG on Linux, and a watchdog.
+
+    In a forked process, the parent is its relay's: the relay arms the signal for itself and
+    passes it on."""
+    if _relay_link is not None:
+        _relay_link.sendall((json.dumps({"deathsig": int(sig)}) + "\n").encode())
+        return
+    set_parent_death_signal(sig)
+    watch_parent(sig)
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Linux's PR_SET_PDEATHSIG: the kernel sends `sig` when the parent thread exits."""
     if sys.platform.startswith("linux") and not os.environ.get(NO_PDEATHSIG):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    watch_parent(sig)
+
+
+def link_to_relay(link: socket.socket) -> threading.Thread:
+    """In a process forked by the fork server: end with SIGKILL once the relay's end of `link`
+    closes (the relay died), and send die_with_parent's signal to the relay."""
+    global _relay_link
+    _relay_link = link
+
+    def watch() -> None:
+        try:
+            while link.recv(4096):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="ddp_kit-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
 
 
 def watch_parent(sig: int, interval: float = WATCH_SECONDS) -> threading.Thread:

@@ -1,0 +1,196 @@
+"""The fast start: torch is imported once per kernel, not once per agent and rank.
+
+A plain run starts a fresh Python for the agent and for every rank, and each imports torch
+(and, at DDP's first use, torch._dynamo): on 2 cores, 4 ranks spend most of their start-up
+doing the same imports side by side. In a fast start the kernel keeps one fork server
+(rank.forkserver), which has imported them, and torchrun starts relays (rank.relay) that the
+server replaces with forked copies of itself:
+
+    kernel ── fork server: `python -u -m ddp_kit.rank.forkserver SOCKET KERNEL_PID` (imports
+      │       torch once)
+      │          ├─ forked agent (torchrun) ─┐ forked ranks: ddp_kit.rank.runner SCRIPT
+      │          └─ forked rank ...          │   (each stands behind its relay)
+      └─ relay of the agent ── relays of the ranks (torchrun's children, as before)
+
+torchrun still starts every rank and watches its relay, which ends as the rank ends; the
+rank gets the relay's environment, working directory, argv and streams (rank.forkserver lists
+what it is given, and the two things that differ).
+
+When: on Linux, with the gloo backend, unless DDP_KIT_FAST_START=0. Otherwise (nccl, macOS,
+Windows) every process starts plain, as before. nccl is left plain because a CUDA context
+does not survive a fork: the server never initialises CUDA (it checks before each fork), but
+a GPU run gains little from the fast start, and only this path was tested without a GPU. A
+relay falls back to the plain start by itself when the server cannot fork for it (it says
+why), so a fast start never fails where a plain one would run.
+
+The server lives as long as the kernel: it ends when its stdin closes (the kernel ended, or
+replaced it because a run's environment differs from the one it imported torch in) and its
+last forked process has ended.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from ..rank.forkserver import fixed_environment
+from ..shared import contract
+
+SERVER_MODULE = "ddp_kit.rank.forkserver"
+RELAY_MODULE = "ddp_kit.rank.relay"
+
+
+def wanted(env: dict[str, str]) -> bool:
+    """Whether a run with this environment starts fast (the module docstring says when)."""
+    return (
+        env.get(contract.FAST_START, "1") != "0"
+        and env.get(contract.BACKEND) == "gloo"
+        and sys.platform.startswith("linux")
+        and hasattr(socket, "send_fds")
+    )
+
+
+def relayed(commands: list[list[str]], env: dict[str, str]) -> tuple[list[list[str]], dict]:
+    """The agents' commands and environment for a fast start, or both unchanged (plain)."""
+    if not wanted(env):
+        return commands, env
+    server = server_for(env)
+    if server is None:
+        return commands, env
+    return [relay_command(c) for c in commands], {**env, contract.FORK_SERVER: server.socket}
+
+
+def relay_command(command: list[str]) -> list[str]:
+    """`python -m ddp_kit.rank.X ...` becomes `python -m ddp_kit.rank.relay ddp_kit.rank.X ...`,
+    at the agent and at the rank (torchrun's `-m MODULE`)."""
+    relayed: list[str] = []
+    for i, word in enumerate(command):
+        relayed.append(word)
+        if word == "-m" and i + 1 < len(command) and command[i + 1].startswith("ddp_kit.rank."):
+            relayed.append(RELAY_MODULE)
+    return relayed
+
+
+@dataclass
+class ForkServer:
+    """The kernel's handle on one fork server."""
+
+    proc: subprocess.Popen
+    folder: Path
+    fixed_env: dict[str, str]
+
+    @property
+    def socket(self) -> str:
+        return str(self.folder / "socket")
+
+    @classmethod
+    def start(cls, env: dict[str, str]) -> ForkServer | None:
+        """Start a server in `env`; None if it did not come up (the runs then start plain)."""
+        folder = Path(tempfile.mkdtemp(prefix="ddp_kit-forkserver-"))
+        log = open(folder / "server.log", "wb")  # noqa: SIM115  (the server writes it)
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", SERVER_MODULE, str(folder / "socket"), str(os.getpid())],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        server = cls(proc, folder, fixed_environment(env))
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != b"listening":
+            server.stop()
+            return None
+        return server
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def serves(self, env: dict[str, str]) -> bool:
+        """Whether this server can fork the processes of a run with `env`."""
+        return self.alive() and fixed_environment(env) == self.fixed_env
+
+    def retire(self) -> None:
+        """No more new processes: the server ends once its last forked process has ended."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        threading.Thread(target=self._clean_up, daemon=True).start()
+
+    def stop(self) -> None:
+        """Retire the server and wait for it to end."""
+        self.retire()
+        self.proc.wait()
+        self._clean_up()
+
+    def _clean_up(self) -> None:
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def memory(self) -> dict[str, float]:
+        """The server's own memory, in MiB: resident, and unique (what ending it would free)."""
+        info = psutil.Process(self.proc.pid).memory_full_info()
+        return {"rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20}
+
+
+_server: ForkServer | None = None
+_lock = threading.Lock()
+
+
+def server_for(env: dict[str, str]) -> ForkServer | None:
+    """The kernel's fork server for a run with `env`: the current one, or a new one in `env`
+    (retiring the current one) if it serves another environment or has ended."""
+    global _server
+    with _lock:
+        if _server is not None and _server.serves(env):
+            return _server
+        if _server is not None:
+            _server.retire()
+        _server = ForkServer.start(env)
+        return _server
+
+
+def prestart() -> None:
+    """Start the fork server before the first run (`%load_ext ddp_kit` does), in the
+    environment of a run with the default settings: torch is imported while the student
+    reads, and the first run finds the server ready. On a GPU machine, whose runs use nccl,
+    it is not used (and costs its memory alone)."""
+    from .torchrun import rank_env
+
+    env = rank_env(Path(tempfile.gettempdir()), "gloo", 60.0, None)
+    if wanted(env):
+        server_for(env)
+
+
+def current() -> ForkServer | None:
+    """The kernel's fork server, if one is running."""
+    return _server if _server is not None and _server.alive() else None
+
+
+def retire(wait: float = 5.0) -> None:
+    """Retire the kernel's fork server, and give it `wait` seconds to end (the kernel is
+    ending: its runs have ended, so the server has no process left and ends at once)."""
+    global _server
+    with _lock:
+        server, _server = _server, None
+    if server is not None:
+        server.retire()
+        try:
+            server.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+atexit.register(retire)

@@ -1,0 +1,304 @@
+"""`python -u -m ddp_kit.rank.forkserver SOCKET KERNEL_PID`: the fork server of the fast start.
+
+A plain run imports torch in every process: the agent, then each rank (and DDP's first use
+imports torch._dynamo, another second). The fork server imports all of it once, then forks
+an agent or a rank for each relay (rank.relay) that asks. torchrun still starts every rank:
+what it starts is a relay, which hands its command, environment, working directory and
+standard streams to this server, and stands in for the forked process: it passes signals on,
+and ends as the forked process ends. The kernel starts one server (kernel.fast_start).
+
+Protocol: a Unix socket in a private folder (0700), a connection per forked process, lines of
+JSON
+
+    relay -> server  {"module", "argv", "orig_argv", "env", "cwd"}, with the relay's fds 0-2
+    server -> relay  {"pid": N}           N now runs `python -m module argv...` for the relay
+                     {"plain": WHY}       not forked (WHY says why): the relay runs it itself
+    child -> relay   {"deathsig": S}      the child asked to die with its parent (die_with_
+                                          parent): the relay's parent, with signal S
+    server -> relay  {"exit": C}          the child ended with exit code C,
+                     {"signal": S}        or was killed by signal S: the relay ends the same way
+
+Messages may arrive in any order after the request. The child ends with SIGKILL when its
+relay's end of the connection closes (the relay died), so nothing outlives its relay.
+
+What a forked child is given, so that it sees what a fresh `python -u -m module` sees: its own
+session (torchrun's start_new_session), the relay's fds 0-2, working directory, environment,
+sys.argv and sys.orig_argv, a fresh `__main__`, the default signal handlers, a reseeded
+`random`, numpy and torch, and the variables the preloaded imports set (as those imports would set
+them in a fresh process). It differs in what cannot be redone after start-up: the string-hash
+seed (PYTHONHASHSEED) is the server's, and /proc/PID/cmdline reads the server's command.
+
+The server forks only while it has a single thread and CUDA is not initialised (a forked
+CUDA context is unusable), and only for a relay whose environment equals its own except for
+the variables a run sets (`PER_RUN`): otherwise it answers "plain". It exits once its stdin
+closes (the kernel ended or retired it) and its last child has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+# Set per run by the kit or by torchrun for its workers; every other variable is read by
+# Python or torch at start-up, or may be, so it must equal the server's.
+PER_RUN_PREFIXES = ("DDP_KIT_", "TORCHELASTIC_")
+PER_RUN = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+           "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING"}  # fmt: skip
+# What every agent and rank imports: torchrun, DDP (and torch._dynamo, which DDP imports),
+# and what the kit's agent and runner import (not those two: each runs as __main__).
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel",
+           "torch._dynamo", "numpy", "ddp_kit.rank.server", "ddp_kit.shared.processes")  # fmt: skip
+MAX_REQUEST = 1 << 22
+
+
+def per_run(name: str) -> bool:
+    """Whether the variable `name` may differ between the server and a forked process."""
+    return name in PER_RUN or name.startswith(PER_RUN_PREFIXES)
+
+
+def fixed_environment(env: dict[str, str]) -> dict[str, str]:
+    """The part of an environment that a forked process must share with its server."""
+    return {k: v for k, v in env.items() if not per_run(k)}
+
+
+def differences(env: dict[str, str], started_in: dict[str, str]) -> list[str]:
+    """The names of the variables in which `env` and the server's start-up environment differ,
+    leaving out the per-run ones and those the preloaded imports set (a process forked from
+    the server has them: a relay that it started passes them on)."""
+    imported = set_by_imports(started_in)
+    mine = fixed_environment(started_in)
+    theirs = {k: v for k, v in fixed_environment(env).items() if imported.get(k) != v}
+    return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+
+def set_by_imports(started_in: dict[str, str]) -> dict[str, str]:
+    """The variables the preloaded imports set (torch's inductor sets TORCHINDUCTOR_CACHE_DIR):
+    a fresh process sets them too when it imports the same modules."""
+    return {k: v for k, v in os.environ.items() if started_in.get(k) != v}
+
+
+def thread_count() -> int:
+    """This process's threads, as the operating system counts them (Python's own count misses
+    threads started by C libraries)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except FileNotFoundError:  # no /proc (macOS): Python's own count
+        import threading
+
+        return threading.active_count()
+
+
+def why_not_fork(request: dict, started_in: dict[str, str]) -> str | None:
+    """Why a request cannot be forked from this server, or None when it can."""
+    threads = thread_count()
+    if threads != 1:
+        return f"the fork server has {threads} threads; forking it is safe with one"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised in the fork server"
+    changed = differences(request["env"], started_in)
+    if changed:
+        return f"the environment differs from the fork server's in {', '.join(changed[:5])}"
+    return None
+
+
+def send(conn: socket.socket, message: dict) -> None:
+    """One line of JSON; a relay that has gone away is not an error."""
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass
+
+
+def receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """The relay's request line and the fds sent with it."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    while not data.endswith(b"\n"):
+        if len(data) > MAX_REQUEST:
+            raise ValueError("request too long")
+        more = conn.recv(1 << 16)
+        if not more:
+            raise ConnectionError("the relay closed the connection")
+        data += more
+    return json.loads(data), list(fds)
+
+
+@dataclass
+class Child:
+    """A forked process, in the child: what to run, and the connection to its relay."""
+
+    module: str
+    argv: list[str]
+    link: socket.socket
+
+    def run(self) -> None:
+        """Run the module as `python -m` would, as the process's main program."""
+        import runpy
+
+        from ..shared import processes
+
+        processes.link_to_relay(self.link)
+        sys.modules.pop(self.module, None)  # as in a fresh process: runs once, as __main__
+        sys.argv = [self.module, *self.argv]
+        runpy.run_module(self.module, run_name="__main__", alter_sys=True)
+
+
+class Server:
+    """The fork server's loop: accept relays, fork, report how the children end."""
+
+    def __init__(self, path: str) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(128)
+        self.path = path
+        self.children: dict[int, socket.socket] = {}
+        self.retired = False
+        self.started_in = dict(os.environ)
+
+    def serve(self) -> Child | None:
+        """Serve until retired and childless (returns None), or return a forked child's Child
+        (in the child, which then runs it)."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(wake_write)
+        selector = selectors.DefaultSelector()
+        selector.register(self.listener, selectors.EVENT_READ, "relay")
+        selector.register(sys.stdin, selectors.EVENT_READ, "kernel")
+        selector.register(wake_read, selectors.EVENT_READ, "child ended")
+        try:
+            while not (self.retired and not self.children):
+                for key, _ in selector.select(timeout=1.0):
+                    if key.data == "relay":
+                        child = self._accept()
+                        if child is not None:
+                            selector.close()
+                            for fd in (wake_read, wake_write):
+                                os.close(fd)
+                            return child
+                    elif key.data == "kernel" and not os.read(0, 4096):
+                        self._retire(selector)
+                    elif key.data == "child ended":
+                        os.read(wake_read, 4096)
+                self._reap()
+        finally:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        return None
+
+    def _retire(self, selector: selectors.BaseSelector) -> None:
+        """The kernel is gone or wants a new server: take no more relays."""
+        self.retired = True
+        selector.unregister(self.listener)
+        selector.unregister(sys.stdin)
+        self.listener.close()
+        os.unlink(self.path)
+
+    def _accept(self) -> Child | None:
+        conn, _ = self.listener.accept()
+        fds: list[int] = []
+        try:
+            conn.settimeout(10)
+            request, fds = receive_request(conn)
+            conn.settimeout(None)
+            why = why_not_fork(request, self.started_in)
+            if why is not None or len(fds) != 3:
+                send(conn, {"plain": why or "the relay did not send its standard streams"})
+                conn.close()
+                return None
+            pid = os.fork()
+            if pid == 0:
+                return self._become_child(request, fds, conn)
+            self.children[pid] = conn
+            send(conn, {"pid": pid})
+            return None
+        except (OSError, ValueError, ConnectionError) as error:
+            send(conn, {"plain": f"the fork server could not read the request: {error}"})
+            conn.close()
+            return None
+        finally:
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+
+    def _become_child(self, request: dict, fds: list[int], conn: socket.socket) -> Child:
+        """In the forked child: become the process the relay would have started."""
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.listener.close()
+        for other in self.children.values():
+            other.close()
+        self.children.clear()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        fds.clear()
+        os.chdir(request["cwd"])
+        imported = set_by_imports(self.started_in)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ.update(imported)
+        sys.orig_argv[:] = request["orig_argv"]
+        sys.path[0] = os.getcwd()
+        _reseed()
+        return Child(request["module"], request["argv"], conn)
+
+    def _reap(self) -> None:
+        """Tell each ended child's relay how it ended."""
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            if os.WIFSIGNALED(status):
+                send(conn, {"signal": os.WTERMSIG(status)})
+            else:
+                send(conn, {"exit": os.waitstatus_to_exitcode(status)})
+            conn.close()
+
+
+def _reseed() -> None:
+    """Fresh random state, as a fresh process draws it: torch's default generator and numpy's
+    (`random` reseeds itself after a fork)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+def main() -> None:
+    path = sys.argv[1]  # sys.argv[2], the kernel's pid, names the server's owner to a reader
+    server = Server(path)
+    print("listening", flush=True)
+    start = time.perf_counter()
+    preload()
+    print(f"ready {time.perf_counter() - start:.2f} s, {thread_count()} thread(s)", flush=True)
+    child = server.serve()
+    if child is not None:
+        child.run()
+
+
+if __name__ == "__main__":
+    main()
