@@ -16,6 +16,11 @@ session  a run whose ranks stay up between cells (Session, %ranks); a cell runs 
          persistent namespace per rank.
 cell     code sent to a session's ranks (%%ranks), or the code of a %%torchrun launch.
 record   a value a rank saved with worker.record(name, value, step), read back as Records.
+fork server  a process of the kernel's that has imported torch once and forks the agents and
+         ranks of a fast start (kernel.fast_start); DDP_KIT_FAST_START=0 turns it off.
+relay    what torchrun (or the kernel, for an agent) starts in a fast start: it hands its
+         command to the fork server and stands in for the forked process, passing signals on
+         and ending as it ends.
 
 Where each module runs (the path answers "does this run in the kernel or in the ranks?")
 -----------------------------------------------------------------------------------------
@@ -28,10 +33,11 @@ In the notebook, imported by the lessons:
     plots, comparisons  figures          widgets    StepExplorer        exercises  checks
     reference  the one-process run       environment  this machine       facts  asserted facts
 kernel/   the kit's machinery in the kernel: launch, session, channel, magic, torchrun (plumbing),
-          output, progress, diagnose, result, script, backend
+          fast_start, output, progress, diagnose, result, script, backend
 rank/     what torchrun starts: agent (torchrun that dies with the kernel), runner (a rank's
           bootstrap), server (a live rank's loop), groups (destroyed process groups freed
-          safely), waits (a bound on waits torch ends late), where (a live cell's position)
+          safely), waits (a bound on waits torch ends late), where (a live cell's position);
+          forkserver and relay (the fast start)
 shared/   what both sides read and write: contract (the seam: variables, run directory,
           messages), records, failures, markers, errors, processes
 

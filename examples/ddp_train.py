@@ -42,7 +42,8 @@ def main() -> None:
 def train(args: argparse.Namespace, device: torch.device, local_rank: int) -> None:
     rank = dist.get_rank()  # this process's index among all processes, on all machines
     data = make_data()
-    sampler = DistributedSampler(data, shuffle=True)  # each process gets its own part
+    # each process gets its own part, all of one length (padded with repeats unless drop_last)
+    sampler = DistributedSampler(data, shuffle=True)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     model = make_model().to(device)
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
@@ -59,7 +60,7 @@ def train(args: argparse.Namespace, device: torch.device, local_rank: int) -> No
             loss.backward()  # DDP averages the gradients over all processes here
             optimizer.step()
             total += torch.stack([loss.detach() * len(x), torch.tensor(len(x), device=device)])
-        dist.all_reduce(total)  # add up every process's sums: the loss over all samples
+        dist.all_reduce(total)  # every process's sums added: the mean over all samples seen
         if rank == 0:
             print(f"epoch {epoch}: loss {total[0] / total[1]:.4f} over {int(total[1])} samples")
         if rank == 0:  # the copies are identical: one process saves, without DDP's "module."

@@ -19,6 +19,9 @@ def test_benchmark_smoke(tmp_path, capsys):
     launch = res["launch"][2]
     assert launch["bare"] > 0 and launch["kit"] > 0 and launch["ratio"] > 0
     assert set(launch["kit_phases"]) >= {"torch import", "DDP construction", "teardown"}
+    fast = res["fast_start"][2]
+    assert fast["bare_job_s"] > 0 and fast["plain_job_s"] > 0 and fast["fast_job_s"] > 0
+    assert fast["fast_job_cpu_s"] > 0 and fast["server_uss_mib"] > 0
     rows = res["allreduce"][2]
     assert [r["bytes"] for r in rows] == [1024, 65536]
     assert all(r["busbw"] == pytest.approx(r["algbw"]) for r in rows)  # 2(N-1)/N = 1 for N=2

@@ -55,6 +55,13 @@ def test_ddp_script_runs_under_bare_torchrun_and_the_kit_and_resumes(tmp_path):
     assert all(torch.equal(ends[0]["model"][k], ends[1]["model"][k]) for k in ends[0]["model"])
 
 
+def test_uneven_data_is_padded_with_repeats_and_counted_twice(tmp_path):
+    # notebook 12, item 6: 64 samples on 3 processes print "over 66 samples"
+    args = ["--epochs", "1", "--checkpoint", str(tmp_path / "three.pt")]
+    run = ddp_kit.launch(EXAMPLES / "ddp_train.py", nproc=3, args=args, output="quiet")
+    assert epochs(run.stdout[0])[0].endswith("over 66 samples")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
 def test_torch_distributed_nn_imported_after_init_keeps_that_group_alive():
     env = {**os.environ, "GLOO_SOCKET_IFNAME": loopback_interface()}

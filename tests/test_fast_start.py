@@ -24,7 +24,7 @@ pytestmark = pytest.mark.torchrun
 
 PROBE = WORKERS / "fresh_process.py"
 PLAIN = {contract.FAST_START: "0"}
-DRAWN = ("random", "numpy_random", "torch_seed")  # fresh in every process, so they differ run to run
+DRAWN = ("random", "numpy_random", "torch_seed")  # drawn afresh in every process
 
 
 def probe(env: dict | None = None) -> list[dict]:
@@ -145,3 +145,14 @@ def test_a_killed_relay_ends_its_forked_process():
         kernel.kill()
         kernel.wait()
     assert wait_until_gone(15) == []
+
+
+def test_loading_the_extension_starts_the_server_that_a_default_run_uses():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    fast_start.retire()
+    ddp_kit.load_ipython_extension(InteractiveShell.instance())  # what %load_ext ddp_kit calls
+    server = fast_start.current()
+    assert server is not None  # started before any run
+    ddp_kit.launch("pass", nproc=2, output="quiet")
+    assert fast_start.current() is server  # and the first run used it

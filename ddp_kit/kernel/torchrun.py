@@ -7,6 +7,10 @@ The process chain (each link dies with the one above it: PDEATHSIG plus a watchd
       └─ agent, one per node: `python -m ddp_kit.rank.agent` = torchrun (c10d rendezvous, 127.0.0.1)
            └─ rank, one per process: `python -m ddp_kit.rank.runner SCRIPT` (bootstrap, then SCRIPT)
 
+In a fast start (kernel.fast_start) each of these commands is started as a relay, `python -m
+ddp_kit.rank.relay ddp_kit.rank.agent ...`, and the process behind it is forked by the
+kernel's fork server; Agents holds the agents' relays.
+
 The run directory's layout and the ranks' DDP_KIT_* variables are shared.contract's.
 """
 
