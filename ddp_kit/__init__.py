@@ -34,10 +34,11 @@ In the notebook, imported by the lessons:
     reference  the one-process run       environment  this machine       facts  asserted facts
 kernel/   the kit's machinery in the kernel: launch, session, channel, magic, torchrun (plumbing),
           fast_start, output, progress, diagnose, result, script, backend
-rank/     what torchrun starts: agent (torchrun that dies with the kernel), runner (a rank's
+rank/     what runs below the kernel: agent (torchrun that dies with the kernel), runner (a rank's
           bootstrap), server (a live rank's loop), groups (destroyed process groups freed
           safely), waits (a bound on waits torch ends late), where (a live cell's position);
-          forkserver and relay (the fast start)
+          forkserver and relay (the fast start: the kernel starts the server and the agent's
+          relay, torchrun the ranks' relays)
 shared/   what both sides read and write: contract (the seam: variables, run directory,
           messages), records, failures, markers, errors, processes
 

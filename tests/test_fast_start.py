@@ -1,6 +1,6 @@
 """The fast start (kernel.fast_start): a rank forked by the fork server sees what a fresh rank
 sees and ends as it would; DDP_KIT_FAST_START=0 gives the plain start; nothing outlives its
-relay; a server that cannot fork for a relay lets it start plain."""
+relay; a relay with no server starts plain; the server's reasons to refuse a fork."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ KERNEL = (
     + """
 import ddp_kit
 print("READY", flush=True)
-ddp_kit.launch("import time\\ntime.sleep(60)", nproc=2)
+# the ranks hold the GIL (a PyDLL call keeps it), so no thread of theirs can run
+ddp_kit.launch("import ctypes\\nctypes.PyDLL(None).sleep(60)", nproc=2)
 """
 )
 
@@ -140,7 +141,9 @@ def test_a_killed_relay_ends_its_forked_process():
         agent_relay = next(p for p in relays if "ddp_kit.rank.agent" in p.cmdline())
         agent_relay.send_signal(signal.SIGKILL)
         _, alive = psutil.wait_procs(forked, timeout=10)
-        assert alive == []  # the agent on its relay's end, the ranks on theirs
+        # the agent on its relay's end, the ranks on theirs: the server ends each (a rank's
+        # own watch thread cannot run while the rank holds the GIL)
+        assert alive == []
     finally:
         kernel.kill()
         kernel.wait()

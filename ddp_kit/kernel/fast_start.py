@@ -2,30 +2,31 @@
 
 A plain run starts a fresh Python for the agent and for every rank, and each imports torch
 (and, at DDP's first use, torch._dynamo): on 2 cores, 4 ranks spend most of their start-up
-doing the same imports side by side. In a fast start the kernel keeps one fork server
-(rank.forkserver), which has imported them, and torchrun starts relays (rank.relay) that the
-server replaces with forked copies of itself:
+doing the same imports side by side. In a fast start the kernel keeps a fork server
+(rank.forkserver), which has imported them; the kernel starts the agent as a relay
+(rank.relay), torchrun starts each rank as a relay, and the server forks a copy of itself to
+stand behind each relay:
 
-    kernel ── fork server: `python -u -m ddp_kit.rank.forkserver SOCKET KERNEL_PID` (imports
-      │       torch once)
-      │          ├─ forked agent (torchrun) ─┐ forked ranks: ddp_kit.rank.runner SCRIPT
-      │          └─ forked rank ...          │   (each stands behind its relay)
-      └─ relay of the agent ── relays of the ranks (torchrun's children, as before)
+    kernel ─┬─ fork server: `python -u -m ddp_kit.rank.forkserver SOCKET KERNEL_PID`
+            │    ├─ forked agent (torchrun) ── relay of each rank (torchrun's children)
+            │    └─ forked rank, one behind each rank's relay: ddp_kit.rank.runner SCRIPT
+            └─ relay of the agent (what Agents holds)
 
 torchrun still starts every rank and watches its relay, which ends as the rank ends; the
 rank gets the relay's environment, working directory, argv and streams (rank.forkserver lists
-what it is given, and the two things that differ).
+what it is given, and what differs from a fresh process).
 
 When: on Linux, with the gloo backend, unless DDP_KIT_FAST_START=0. Otherwise (nccl, macOS,
-Windows) every process starts plain, as before. nccl is left plain because a CUDA context
-does not survive a fork: the server never initialises CUDA (it checks before each fork), but
-a GPU run gains little from the fast start, and only this path was tested without a GPU. A
-relay falls back to the plain start by itself when the server cannot fork for it (it says
-why), so a fast start never fails where a plain one would run.
+Windows) every process starts plain, as before. nccl is left plain because the fast start is
+untested on a GPU and a GPU run gains little from it (the server itself imports no CUDA
+context: before each fork it checks that torch has not initialised CUDA). A relay falls back
+to the plain start by itself when the server cannot fork for it (the server's reason is not
+shown; `why_not_fork` lists them).
 
-The server lives as long as the kernel: it ends when its stdin closes (the kernel ended, or
-replaced it because a run's environment differs from the one it imported torch in) and its
-last forked process has ended.
+One server at a time, for the environment of the runs: a run whose environment differs from
+the one the server imported torch in (another variable, `debug=`) gets a new server, and the
+old one is retired. A server ends once its stdin closes or its kernel is gone (the kernel
+ended, or retired it), and its last forked process has ended.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ def server_for(env: dict[str, str]) -> ForkServer | None:
 def prestart() -> None:
     """Start the fork server before the first run (`%load_ext ddp_kit` does), in the
     environment of a run with the default settings: torch is imported while the student
-    reads, and the first run finds the server ready. On a GPU machine, whose runs use nccl,
-    it is not used (and costs its memory alone)."""
+    reads, and the first run finds the server ready. On a machine with a GPU for every rank,
+    whose runs use nccl, it is not used (and costs its memory alone)."""
     from .torchrun import rank_env
 
     env = rank_env(Path(tempfile.gettempdir()), "gloo", 60.0, None)

@@ -1,11 +1,12 @@
 """`python -u -m ddp_kit.rank.forkserver SOCKET KERNEL_PID`: the fork server of the fast start.
 
 A plain run imports torch in every process: the agent, then each rank (and DDP's first use
-imports torch._dynamo, another second). The fork server imports all of it once, then forks
-an agent or a rank for each relay (rank.relay) that asks. torchrun still starts every rank:
-what it starts is a relay, which hands its command, environment, working directory and
-standard streams to this server, and stands in for the forked process: it passes signals on,
-and ends as the forked process ends. The kernel starts one server (kernel.fast_start).
+imports torch._dynamo, about another second on this machine). The fork server imports all of
+it once, then forks an agent or a rank for each relay (rank.relay) that asks. torchrun still
+starts every rank: what it starts is a relay, which hands its command, environment, working
+directory and standard streams to this server, and stands in for the forked process: it
+passes signals on, and ends as the forked process ends. The kernel starts a server for the
+environment of its runs (kernel.fast_start).
 
 Protocol: a Unix socket in a private folder (0700), a connection per forked process, lines of
 JSON
@@ -18,20 +19,27 @@ JSON
     server -> relay  {"exit": C}          the child ended with exit code C,
                      {"signal": S}        or was killed by signal S: the relay ends the same way
 
-Messages may arrive in any order after the request. The child ends with SIGKILL when its
-relay's end of the connection closes (the relay died), so nothing outlives its relay.
+Messages may arrive in any order after the request. When a relay's end of the connection
+closes (the relay died), the server sends its child SIGKILL, and so does a thread in the
+child (processes.link_to_relay), which needs the GIL; the server does not. A process that
+the child forks without exec is not watched (as with a plain rank's).
 
 What a forked child is given, so that it sees what a fresh `python -u -m module` sees: its own
 session (torchrun's start_new_session), the relay's fds 0-2, working directory, environment,
-sys.argv and sys.orig_argv, a fresh `__main__`, the default signal handlers, a reseeded
-`random`, numpy and torch, and the variables the preloaded imports set (as those imports would set
-them in a fresh process). It differs in what cannot be redone after start-up: the string-hash
-seed (PYTHONHASHSEED) is the server's, and /proc/PID/cmdline reads the server's command.
+sys.argv and sys.orig_argv, a new `__main__` module for the run (runpy's, with alter_sys), the
+default signal handlers, fresh seeds for `random`, numpy and torch, a fresh multiprocessing
+authkey, and the variables the preloaded imports set (as a fresh process that imports those
+modules has them). It differs in what cannot be redone after start-up, among others: the
+string-hash seed (PYTHONHASHSEED) is the server's; the preloaded modules are imported already,
+so a variable a script sets before `import torch` (TORCH_LOGS, say) comes too late; their
+objects are out of the collector's reach (gc.freeze); os.getppid() is the server;
+/proc/PID/cmdline reads the server's command.
 
-The server forks only while it has a single thread and CUDA is not initialised (a forked
-CUDA context is unusable), and only for a relay whose environment equals its own except for
-the variables a run sets (`PER_RUN`): otherwise it answers "plain". It exits once its stdin
-closes (the kernel ended or retired it) and its last child has ended.
+The server forks only while it has a single thread and torch has not initialised CUDA (a
+CUDA context does not survive a fork), and only for a relay whose environment equals its own
+except for the variables a run sets (`PER_RUN`): otherwise it answers "plain". It retires when its
+stdin closes or its parent is no longer the kernel (a fork of the kernel may hold the stdin),
+and exits once its last child has ended.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 # Set per run by the kit or by torchrun for its workers; every other variable is read by
@@ -51,8 +60,9 @@ PER_RUN_PREFIXES = ("DDP_KIT_", "TORCHELASTIC_")
 PER_RUN = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
            "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
            "TORCH_NCCL_ASYNC_ERROR_HANDLING"}  # fmt: skip
-# What every agent and rank imports: torchrun, DDP (and torch._dynamo, which DDP imports),
-# and what the kit's agent and runner import (not those two: each runs as __main__).
+# What the agent or a rank imports: torchrun (the agent), DDP and torch._dynamo, which DDP's
+# constructor imports (the ranks), and what the kit's agent, runner and live-rank server
+# import (not the agent and runner themselves: each runs as __main__).
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel",
            "torch._dynamo", "numpy", "ddp_kit.rank.server", "ddp_kit.shared.processes")  # fmt: skip
 MAX_REQUEST = 1 << 22
@@ -117,9 +127,14 @@ def send(conn: socket.socket, message: dict) -> None:
         pass
 
 
-def receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
-    """The relay's request line and the fds sent with it."""
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+REQUEST_KEYS = {"module", "argv", "orig_argv", "env", "cwd"}
+
+
+def receive_request(conn: socket.socket, fds: list[int]) -> dict:
+    """The relay's request line; the fds sent with it go into `fds` (the caller closes them,
+    whatever happens)."""
+    data, received, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    fds.extend(received)
     while not data.endswith(b"\n"):
         if len(data) > MAX_REQUEST:
             raise ValueError("request too long")
@@ -127,7 +142,10 @@ def receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
         if not more:
             raise ConnectionError("the relay closed the connection")
         data += more
-    return json.loads(data), list(fds)
+    request = json.loads(data)
+    if not isinstance(request, dict) or REQUEST_KEYS - request.keys():
+        raise ValueError(f"a request needs {sorted(REQUEST_KEYS)}")
+    return request
 
 
 @dataclass
@@ -153,12 +171,14 @@ class Child:
 class Server:
     """The fork server's loop: accept relays, fork, report how the children end."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, kernel: int) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(128)
         self.path = path
+        self.kernel = kernel
         self.children: dict[int, socket.socket] = {}
+        self.selector = selectors.DefaultSelector()
         self.retired = False
         self.started_in = dict(os.environ)
 
@@ -169,7 +189,7 @@ class Server:
         os.set_blocking(wake_write, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_write)
-        selector = selectors.DefaultSelector()
+        selector = self.selector
         selector.register(self.listener, selectors.EVENT_READ, "relay")
         selector.register(sys.stdin, selectors.EVENT_READ, "kernel")
         selector.register(wake_read, selectors.EVENT_READ, "child ended")
@@ -184,20 +204,25 @@ class Server:
                                 os.close(fd)
                             return child
                     elif key.data == "kernel" and not os.read(0, 4096):
-                        self._retire(selector)
+                        self._retire()
                     elif key.data == "child ended":
                         os.read(wake_read, 4096)
+                    elif isinstance(key.data, int):
+                        self._relay_closed(key.data, key.fileobj)
+                if not self.retired and os.getppid() != self.kernel:
+                    self._retire()  # the kernel is gone, though a fork of it holds our stdin
                 self._reap()
         finally:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         return None
 
-    def _retire(self, selector: selectors.BaseSelector) -> None:
-        """The kernel is gone or wants a new server: take no more relays."""
+    def _retire(self) -> None:
+        """The kernel is gone or wants a new server: take no more relays (a relay still
+        waiting to be accepted finds its connection reset, and starts plain)."""
         self.retired = True
-        selector.unregister(self.listener)
-        selector.unregister(sys.stdin)
+        self.selector.unregister(self.listener)
+        self.selector.unregister(sys.stdin)
         self.listener.close()
         os.unlink(self.path)
 
@@ -206,7 +231,7 @@ class Server:
         fds: list[int] = []
         try:
             conn.settimeout(10)
-            request, fds = receive_request(conn)
+            request = receive_request(conn, fds)
             conn.settimeout(None)
             why = why_not_fork(request, self.started_in)
             if why is not None or len(fds) != 3:
@@ -215,18 +240,31 @@ class Server:
                 return None
             pid = os.fork()
             if pid == 0:
-                return self._become_child(request, fds, conn)
+                try:
+                    return self._become_child(request, fds, conn)
+                except BaseException:  # never back into the server's loop
+                    traceback.print_exc()
+                    os._exit(1)
             self.children[pid] = conn
+            self.selector.register(conn, selectors.EVENT_READ, pid)
             send(conn, {"pid": pid})
             return None
-        except (OSError, ValueError, ConnectionError) as error:
-            send(conn, {"plain": f"the fork server could not read the request: {error}"})
+        except Exception as error:  # a bad request: this relay starts plain, the server goes on
+            send(conn, {"plain": f"the fork server could not take the request: {error!r}"})
             conn.close()
             return None
         finally:
             for fd in fds:
-                if fd > 2:
-                    os.close(fd)
+                os.close(fd)
+
+    def _relay_closed(self, pid: int, conn: socket.socket) -> None:
+        """A relay's end of its connection closed (it sends nothing after its request): end
+        its process now, as the process's own watch thread would if it could run."""
+        self.selector.unregister(conn)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _become_child(self, request: dict, fds: list[int], conn: socket.socket) -> Child:
         """In the forked child: become the process the relay would have started."""
@@ -239,7 +277,9 @@ class Server:
         self.children.clear()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-            os.close(fd)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
         fds.clear()
         os.chdir(request["cwd"])
         imported = set_by_imports(self.started_in)
@@ -263,6 +303,10 @@ class Server:
             conn = self.children.pop(pid, None)
             if conn is None:
                 continue
+            try:
+                self.selector.unregister(conn)
+            except KeyError:  # its relay had closed already
+                pass
             if os.WIFSIGNALED(status):
                 send(conn, {"signal": os.WTERMSIG(status)})
             else:
@@ -276,6 +320,9 @@ def _reseed() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is not None:  # its authkey, drawn at import: the process's own
+        multiprocessing.current_process().authkey = os.urandom(32)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
@@ -295,8 +342,8 @@ def preload() -> None:
 
 
 def main() -> None:
-    path = sys.argv[1]  # sys.argv[2], the kernel's pid, names the server's owner to a reader
-    server = Server(path)
+    path, kernel = sys.argv[1], int(sys.argv[2])
+    server = Server(path, kernel)
     print("listening", flush=True)
     start = time.perf_counter()
     preload()

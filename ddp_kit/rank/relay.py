@@ -5,14 +5,17 @@ The relay is what torchrun (for a rank) or the kernel (for an agent) starts in a
 It sends the fork server its command, environment, working directory and fds 0-2, then
 stands in for the forked process, which is not its child:
 
-- every signal it gets (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) goes on to it;
-- it ends as the forked process ends: the same exit code, or killed by the same signal;
+- every signal it gets (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) goes on to it
+  (to its process group, which it leads); one that comes before the server's answer is kept,
+  and ends the relay if the answer is "plain";
+- it ends as the forked process ends: the same exit code, or killed by the same signal; if
+  the server ends first, it exits 1 and says so;
 - when the forked process asks to die with its parent (processes.die_with_parent), the relay
   arms that signal for its own parent and passes it on; its end of the connection closing
-  ends the forked process (SIGKILL);
-- no server (DDP_KIT_FORK_SERVER unset, no socket, the server ended before forking) or a
-  "plain" answer: the relay replaces itself with the plain command (exec), so the process
-  torchrun watches is the plain rank itself.
+  ends the forked process (SIGKILL, sent by the server and by a thread in the process);
+- no server (DDP_KIT_FORK_SERVER unset, no socket, the server ended or retired before it
+  forked) or a "plain" answer: the relay replaces itself with the plain command (exec), so
+  the process torchrun watches is the plain rank itself.
 
 It imports nothing of torch, and little else: its start is the fast start's cost per process.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -60,11 +64,13 @@ class Relay:
         self.buffer = b""
 
     def forward(self, sig: int, _frame=None) -> None:
+        """Pass `sig` on to the forked process's group (it leads one of its own, as a plain
+        rank does: torchrun signals a rank's group)."""
         if self.pid is None:
             self.pending.append(sig)
         else:
             try:
-                os.kill(self.pid, sig)
+                os.killpg(self.pid, sig)
             except ProcessLookupError:
                 pass
 
@@ -78,7 +84,10 @@ class Relay:
             if not ready:
                 self.check_parent()
                 continue
-            data = self.conn.recv(1 << 16)
+            try:
+                data = self.conn.recv(1 << 16)
+            except OSError:  # reset: the server retired or ended with this request unread
+                data = b""
             if not data:
                 yield None
                 return
@@ -105,16 +114,23 @@ class Relay:
         if os.getppid() != self.parent:
             self.die_with_parent(sig)
 
+    def start_plain(self, why: str) -> None:
+        """Become the plain process, unless a signal came first: then end by it, as the
+        process would have."""
+        if self.pending:
+            end_by_signal(self.pending[0])
+        run_plain(why)
+
     def run(self) -> None:
         for message in self.messages():
             if message is None:
                 if self.pid is None:
-                    run_plain("the fork server ended before it forked")
+                    self.start_plain("the fork server ended before it forked")
                 print("ddp-kit relay: the fork server ended before the process did",
                       file=sys.stderr, flush=True)  # fmt: skip
                 os._exit(1)
             if "plain" in message:
-                run_plain(message["plain"])
+                self.start_plain(message["plain"])
             elif "pid" in message:
                 self.pid = message["pid"]
                 for sig in self.pending:
@@ -129,7 +145,9 @@ class Relay:
 
 
 def end_by_signal(sig: int) -> None:
-    """End this process killed by `sig`, as the forked process was."""
+    """End this process killed by `sig`, as the forked process was (without a core file of
+    its own: the process's core, if any, is the one to keep)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if sig not in (signal.SIGKILL, signal.SIGSTOP):  # their action cannot be changed
         signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])

@@ -6,7 +6,8 @@ gone (macOS has no PDEATHSIG). `stop_tree` ends a whole tree from the kernel's s
 
 A process forked by the fork server (rank.forkserver) has the server as its parent, and its
 relay stands in for it under torchrun: there, the relay takes the parent-death signal (the
-child asks it to), and one thread ends the child with SIGKILL once the relay is gone.
+child asks it to), and once the relay is gone the server sends the child SIGKILL, as does a
+thread in the child (if it can take the GIL).
 """
 
 from __future__ import annotations
