@@ -25,8 +25,9 @@ shown; `why_not_fork` lists them).
 
 One server at a time, for the environment of the runs: a run whose environment differs from
 the one the server imported torch in (another variable, `debug=`) gets a new server, and the
-old one is retired. A server ends once its stdin closes or its kernel is gone (the kernel
-ended, or retired it), and its last forked process has ended.
+old one is retired. A server retires when the kernel says so on its stdin, or the kernel is
+gone (the stdin closes, or the server's parent changes), and ends once its last forked
+process has ended.
 """
 
 from __future__ import annotations
@@ -123,9 +124,15 @@ class ForkServer:
         return self.alive() and fixed_environment(env) == self.fixed_env
 
     def retire(self) -> None:
-        """No more new processes: the server ends once its last forked process has ended."""
+        """No more new processes: the server ends once its last forked process has ended.
+        (Said on its stdin, not by closing it: a fork of the kernel may hold the pipe too.)"""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.write(b"retire\n")
+                self.proc.stdin.flush()
+                self.proc.stdin.close()
+            except OSError:  # it has ended already
+                pass
         threading.Thread(target=self._clean_up, daemon=True).start()
 
     def stop(self) -> None:

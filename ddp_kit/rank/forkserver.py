@@ -20,8 +20,9 @@ JSON
                      {"signal": S}        or was killed by signal S: the relay ends the same way
 
 Messages may arrive in any order after the request. When a relay's end of the connection
-closes (the relay died), the server sends its child SIGKILL, and so does a thread in the
-child (processes.link_to_relay), which needs the GIL; the server does not. A process that
+closes (the relay died), the server sends its child SIGKILL (once it is not reading another
+relay's request: at most REQUEST_SECONDS), and so does a thread in the child
+(processes.link_to_relay), which needs the GIL; the server does not. A process that
 the child forks without exec is not watched (as with a plain rank's).
 
 What a forked child is given, so that it sees what a fresh `python -u -m module` sees: its own
@@ -30,16 +31,17 @@ sys.argv and sys.orig_argv, a new `__main__` module for the run (runpy's, with a
 default signal handlers, fresh seeds for `random`, numpy and torch, a fresh multiprocessing
 authkey, and the variables the preloaded imports set (as a fresh process that imports those
 modules has them). It differs in what cannot be redone after start-up, among others: the
-string-hash seed (PYTHONHASHSEED) is the server's; the preloaded modules are imported already,
-so a variable a script sets before `import torch` (TORCH_LOGS, say) comes too late; their
-objects are out of the collector's reach (gc.freeze); os.getppid() is the server;
-/proc/PID/cmdline reads the server's command.
+string-hash seed (PYTHONHASHSEED) is the server's; torch._dynamo is imported already (a plain
+rank imports it at its first DDP(...)), so a TORCHDYNAMO_ or TORCHINDUCTOR_ variable the
+script sets comes too late (TORCH_LOGS set in a script is too late in either start: the
+runner imports torch first); the preloaded objects are out of the collector's reach
+(gc.freeze); os.getppid() is the server; /proc/PID/cmdline reads the server's command.
 
 The server forks only while it has a single thread and torch has not initialised CUDA (a
 CUDA context does not survive a fork), and only for a relay whose environment equals its own
-except for the variables a run sets (`PER_RUN`): otherwise it answers "plain". It retires when its
-stdin closes or its parent is no longer the kernel (a fork of the kernel may hold the stdin),
-and exits once its last child has ended.
+except for the variables a run sets (`PER_RUN`): otherwise it answers "plain". It retires when the
+kernel writes "retire" on its stdin, when the stdin closes, or when its parent is no longer
+the kernel (a fork of the kernel may hold the stdin), and exits once its last child has ended.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ PER_RUN = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel",
            "torch._dynamo", "numpy", "ddp_kit.rank.server", "ddp_kit.shared.processes")  # fmt: skip
 MAX_REQUEST = 1 << 22
+REQUEST_SECONDS = 2.0  # a relay sends its request at once; the loop waits on no other
 
 
 def per_run(name: str) -> bool:
@@ -196,15 +199,17 @@ class Server:
         try:
             while not (self.retired and not self.children):
                 for key, _ in selector.select(timeout=1.0):
-                    if key.data == "relay":
+                    if key.data == "relay" and not self.retired:
                         child = self._accept()
                         if child is not None:
                             selector.close()
                             for fd in (wake_read, wake_write):
                                 os.close(fd)
                             return child
-                    elif key.data == "kernel" and not os.read(0, 4096):
-                        self._retire()
+                    elif key.data == "kernel" and not self.retired:
+                        said = os.read(0, 4096)  # "retire", or the end: the kernel is gone
+                        if not said or b"retire" in said:
+                            self._retire()
                     elif key.data == "child ended":
                         os.read(wake_read, 4096)
                     elif isinstance(key.data, int):
@@ -227,35 +232,37 @@ class Server:
         os.unlink(self.path)
 
     def _accept(self) -> Child | None:
-        conn, _ = self.listener.accept()
-        fds: list[int] = []
         try:
-            conn.settimeout(10)
+            conn, _ = self.listener.accept()
+        except OSError:  # gone before it was accepted, or no fd left: the relay starts plain
+            return None
+        fds: list[int] = []  # the relay's fds 0-2, as received
+        try:
+            conn.settimeout(REQUEST_SECONDS)
             request = receive_request(conn, fds)
             conn.settimeout(None)
             why = why_not_fork(request, self.started_in)
-            if why is not None or len(fds) != 3:
-                send(conn, {"plain": why or "the relay did not send its standard streams"})
-                conn.close()
-                return None
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    return self._become_child(request, fds, conn)
-                except BaseException:  # never back into the server's loop
-                    traceback.print_exc()
-                    os._exit(1)
-            self.children[pid] = conn
-            self.selector.register(conn, selectors.EVENT_READ, pid)
-            send(conn, {"pid": pid})
-            return None
+            if why is None and len(fds) != 3:
+                why = "the relay did not send its standard streams"
+            pid = -1 if why is not None else os.fork()
         except Exception as error:  # a bad request: this relay starts plain, the server goes on
-            send(conn, {"plain": f"the fork server could not take the request: {error!r}"})
+            why, pid = f"the fork server could not take the request: {error!r}", -1
+        if pid == 0:
+            try:
+                return self._become_child(request, fds, conn)
+            except BaseException:  # never back into the server's loop
+                traceback.print_exc()
+                os._exit(1)
+        for fd in fds:
+            os.close(fd)
+        if pid == -1:
+            send(conn, {"plain": why})
             conn.close()
             return None
-        finally:
-            for fd in fds:
-                os.close(fd)
+        self.children[pid] = conn
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+        send(conn, {"pid": pid})
+        return None
 
     def _relay_closed(self, pid: int, conn: socket.socket) -> None:
         """A relay's end of its connection closed (it sends nothing after its request): end

@@ -6,8 +6,8 @@ It sends the fork server its command, environment, working directory and fds 0-2
 stands in for the forked process, which is not its child:
 
 - every signal it gets (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) goes on to it
-  (to its process group, which it leads); one that comes before the server's answer is kept,
-  and ends the relay if the answer is "plain";
+  (to its process group once it has made one, to the process itself before); one that comes
+  before the server's answer is kept, and ends the relay if the answer is "plain";
 - it ends as the forked process ends: the same exit code, or killed by the same signal; if
   the server ends first, it exits 1 and says so;
 - when the forked process asks to die with its parent (processes.die_with_parent), the relay
@@ -64,13 +64,16 @@ class Relay:
         self.buffer = b""
 
     def forward(self, sig: int, _frame=None) -> None:
-        """Pass `sig` on to the forked process's group (it leads one of its own, as a plain
-        rank does: torchrun signals a rank's group)."""
+        """Pass `sig` on to the forked process's group (torchrun signals a plain rank's group),
+        or to the process alone while it has no group yet (it makes one first thing)."""
         if self.pid is None:
             self.pending.append(sig)
-        else:
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
             try:
-                os.killpg(self.pid, sig)
+                os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
 

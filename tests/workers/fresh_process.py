@@ -3,7 +3,8 @@ start (forked by the fork server) with a plain one (a fresh Python).
 
     fresh_process.py [exit CODE | kill SIGNAL]   rank 1 ends so, after printing
 
-(Words, not options: torchrun's parser takes `--signal` for its own `--signals-to-handle`.)
+(Words, not options: torchrun's parser rejects `--signal` as an ambiguous abbreviation of its
+`--signals-to-handle`.)
 """
 
 import json
