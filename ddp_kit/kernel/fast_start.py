@@ -33,6 +33,7 @@ process has ended.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import socket
@@ -126,13 +127,14 @@ class ForkServer:
     def retire(self) -> None:
         """No more new processes: the server ends once its last forked process has ended.
         (Said on its stdin, not by closing it: a fork of the kernel may hold the pipe too.)"""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.write(b"retire\n")
-                self.proc.stdin.flush()
-                self.proc.stdin.close()
-            except OSError:  # it has ended already
-                pass
+        stdin = self.proc.stdin
+        if stdin is not None and not stdin.closed:
+            with contextlib.suppress(OSError):  # it has ended already
+                try:
+                    stdin.write(b"retire\n")
+                    stdin.flush()
+                finally:
+                    stdin.close()
         threading.Thread(target=self._clean_up, daemon=True).start()
 
     def stop(self) -> None:

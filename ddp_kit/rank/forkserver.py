@@ -21,7 +21,8 @@ JSON
 
 Messages may arrive in any order after the request. When a relay's end of the connection
 closes (the relay died), the server sends its child SIGKILL (once it is not reading another
-relay's request: at most REQUEST_SECONDS), and so does a thread in the child
+relay's request: REQUEST_SECONDS per receive, and a relay sends its request at once), and so
+does a thread in the child
 (processes.link_to_relay), which needs the GIL; the server does not. A process that
 the child forks without exec is not watched (as with a plain rank's).
 
@@ -234,7 +235,8 @@ class Server:
     def _accept(self) -> Child | None:
         try:
             conn, _ = self.listener.accept()
-        except OSError:  # gone before it was accepted, or no fd left: the relay starts plain
+        except OSError:  # no fd left: the relay waits, queued, until one is free
+            time.sleep(0.1)  # rather than spin on a listener that stays readable
             return None
         fds: list[int] = []  # the relay's fds 0-2, as received
         try:
