@@ -125,8 +125,18 @@ class ForkServer:
         return self.alive() and fixed_environment(env) == self.fixed_env
 
     def retire(self) -> None:
-        """No more new processes: the server ends once its last forked process has ended.
-        (Said on its stdin, not by closing it: a fork of the kernel may hold the pipe too.)"""
+        """No more new processes: the server ends once its last forked process has ended
+        (its folder is removed then, by a thread)."""
+        self._say_retire()
+        threading.Thread(target=self._clean_up, daemon=True).start()
+
+    def stop(self) -> None:
+        """Retire the server, wait for it to end, and remove its folder."""
+        self._say_retire()
+        self._clean_up()
+
+    def _say_retire(self) -> None:
+        """Said on its stdin, not by closing it alone: a fork of the kernel may hold the pipe."""
         stdin = self.proc.stdin
         if stdin is not None and not stdin.closed:
             with contextlib.suppress(OSError):  # it has ended already
@@ -135,13 +145,6 @@ class ForkServer:
                     stdin.flush()
                 finally:
                     stdin.close()
-        threading.Thread(target=self._clean_up, daemon=True).start()
-
-    def stop(self) -> None:
-        """Retire the server and wait for it to end."""
-        self.retire()
-        self.proc.wait()
-        self._clean_up()
 
     def _clean_up(self) -> None:
         self.proc.wait()
