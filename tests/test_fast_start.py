@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -75,6 +76,26 @@ def test_a_run_in_another_environment_gets_a_server_of_its_own():
     assert result.stdout == ["y\n"]
     assert fast_start.current() is not first  # EXTRA might change how torch starts
     first.proc.wait(timeout=10)  # retired, and with no process of its own left: ended
+    assert not first.folder.exists()  # the server removed its folder as it ended
+
+
+@pytest.mark.parametrize("ending", ["exit", "SIGKILL"])
+def test_a_server_whose_kernel_ends_ends_and_removes_its_folder(tmp_path, ending):
+    code = (
+        "import os, signal, ddp_kit\nfrom ddp_kit.kernel import fast_start\n"
+        "ddp_kit.launch('pass', nproc=1, output='quiet')\n"
+        "print(fast_start.current().folder, fast_start.current().proc.pid, flush=True)\n"
+        + ("os.kill(os.getpid(), signal.SIGKILL)" if ending == "SIGKILL" else "")
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == (-9 if ending == "SIGKILL" else 0), done.stderr
+    folder, pid = done.stdout.split()
+    deadline = time.monotonic() + 15
+    while psutil.pid_exists(int(pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(int(pid))
+    assert not Path(folder).exists()
 
 
 WHY_NOT_FORK = """

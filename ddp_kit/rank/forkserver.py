@@ -42,7 +42,8 @@ The server forks only while it has a single thread and torch has not initialised
 CUDA context does not survive a fork), and only for a relay whose environment equals its own
 except for the variables a run sets (`PER_RUN`): otherwise it answers "plain". It retires when the
 kernel writes "retire" on its stdin, when the stdin closes, or when its parent is no longer
-the kernel (a fork of the kernel may hold the stdin), and exits once its last child has ended.
+the kernel (a fork of the kernel may hold the stdin), and exits once its last child has ended,
+removing its folder.
 """
 
 from __future__ import annotations
@@ -360,6 +361,18 @@ def main() -> None:
     child = server.serve()
     if child is not None:
         child.run()
+    else:
+        remove_folder(path)
+
+
+def remove_folder(path: str) -> None:
+    """The server ends: remove its private folder (the socket, gone already, and the log of its
+    stderr), which the kernel made. The server does it, not the kernel: a kernel that ends
+    before its server (its exit, a kill) would leave the folder in the temp directory."""
+    folder = os.path.dirname(path)
+    for name in os.listdir(folder):
+        os.unlink(os.path.join(folder, name))
+    os.rmdir(folder)
 
 
 if __name__ == "__main__":
