@@ -295,3 +295,35 @@ def check_early_stop(records: Any, target: float) -> bool | None:
     print(f"Correct! Every rank stopped after {steps[0]} steps with the same weights, once "
           f"the loss over all ranks was below {target:g}.")  # fmt: skip
     return True
+
+
+def check_own_ddp(records: Any, mine: str, reference: str) -> bool | None:
+    """Build DDP yourself, (b): the student's per-parameter version gives DDP's gradients bit
+    for bit at every step, with one all-reduce per parameter, the first started before
+    backward had produced its last gradient (so, from a hook, while backward went on)."""
+    if f"{mine}/grad" not in records:
+        print("Not run yet: run the cell above (with your `launch`), then this one.")
+        return None
+    grads, wanted = records[f"{mine}/grad"], records[f"{reference}/grad"]  # [step, rank, n]
+    if not np.array_equal(grads[:, 0], grads[:, -1]):
+        print("Not yet: the ranks end with different gradients, so nothing was averaged. "
+              "Start `dist.all_reduce(param.grad, async_op=True)` in `launch` and keep its handle "
+              "in self.pending.")  # fmt: skip
+        return False
+    if not np.array_equal(grads, wanted):
+        print(f"Not yet: the ranks agree, but not with DDP (max |diff| "
+              f"{np.abs(grads - wanted).max():.3g}): divide by the number of ranks once, "
+              "before the all-reduce, and make `finish` wait for every handle.")  # fmt: skip
+        return False
+    calls = int(records[f"{mine}/calls"][-1, 0])
+    step = records.get(f"{mine}/buckets", records.steps(f"{mine}/buckets")[-1], 0)
+    parameters = len(step["ready"])  # the timeline notes when each parameter's gradient was ready
+    early = min(c["launched"] for c in step["buckets"]) < max(step["ready"].values())
+    if calls != parameters or not early:
+        print(f"Not yet: the gradients are right, but {calls} all-reduce call(s) per step " +
+              (f"(one per parameter: {parameters}), " if calls != parameters else "") +
+              ("all after backward: start each from its hook." if not early else ""))  # fmt: skip
+        return False
+    print(f"Correct! DDP's gradients bit for bit, {calls} all-reduces per step, the first one "
+          "started while backward was still computing.")
+    return True

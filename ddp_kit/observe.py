@@ -8,6 +8,7 @@ a hook) and records the reduced result.
 run time and needs the real dist.GradBucket class.)
 """
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -185,3 +186,70 @@ def _flatten(per_name: dict[str, torch.Tensor], order: Iterable[str]) -> torch.T
 
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+class AllReduceTimeline:
+    """Watch data parallelism written by hand, as GradientRecorder watches DDP: while active
+    (a `with` block around one step's backward and synchronisation), note when backward made
+    each gradient of `model` (a post-accumulate-grad hook per parameter) and when each
+    `dist.all_reduce` called meanwhile started and finished (an asynchronous one: when its
+    future completed). At the end of the block it records ``buckets`` under `prefix` at `step`,
+    in GradientRecorder's format, so that plots.bucket_timeline draws both alike; here a
+    "bucket" is one all_reduce call, whatever tensor it was given.
+    """
+
+    def __init__(self, model: nn.Module, step: int, prefix: str = "") -> None:
+        self.model, self.step, self.prefix = _unwrap(model), step, prefix
+        self.ready: dict[str, float] = {}
+        self.calls: list[dict[str, Any]] = []
+        self._handles: list[Any] = []
+        self._noted: list[tuple[dict[str, Any], Any, torch.futures.Future]] = []
+        self._original: Callable | None = None
+
+    def __enter__(self) -> "AllReduceTimeline":
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                self._handles.append(param.register_post_accumulate_grad_hook(self._noter(name)))
+        self._original = original = dist.all_reduce
+
+        def timed(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            call = {"index": len(self.calls), "numel": tensor.numel(), "params": [],
+                    "dtype": str(tensor.dtype).removeprefix("torch."), "last": False,
+                    "launched": time.time()}  # fmt: skip
+            self.calls.append(call)
+            work = original(tensor, *args, **kwargs)
+            if work is None:  # a blocking call has finished when it returns
+                call["finished"] = time.time()
+            else:
+                done = work.get_future().then(lambda _: call.__setitem__("finished", time.time()))
+                self._noted.append((call, work, done))
+            return work
+
+        dist.all_reduce = functools.wraps(original)(timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dist.all_reduce = self._original
+        for handle in self._handles:
+            handle.remove()
+        if exc[0] is not None:
+            return
+        unfinished = [
+            call["index"] for call, work, _ in self._noted if not work.get_future().done()
+        ]
+        if unfinished:
+            raise RuntimeError(
+                f"all_reduce call(s) {unfinished} had not finished when the block ended: "
+                "wait for every asynchronous all_reduce inside the block"
+            )
+        for _, _, done in self._noted:
+            done.wait()  # its callback has noted the time (it may run just after work.wait())
+        if self.calls:
+            self.calls[-1]["last"] = True
+        record(self.prefix + "buckets", {"buckets": self.calls, "ready": self.ready}, self.step)
+
+    def _noter(self, name: str) -> Callable[[torch.Tensor], None]:
+        def note_ready(_param: torch.Tensor) -> None:
+            self.ready[name] = time.time()
+
+        return note_ready

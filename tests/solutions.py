@@ -32,7 +32,8 @@ class Exercise:
     @property
     def live(self) -> bool:
         """Whether it runs on live ranks (then its notebook gets a kernel of its own)."""
-        return self.notebook.split("_")[0] in {"08", "09", "11", "13", "14", "15", "16", "18"}
+        return self.notebook.split("_")[0] in {"08", "09", "11", "13", "14", "15", "16", "18", "19",
+                                              "20", "21", "22", "23", "24"}
 
 
 def exercise(notebook: str) -> Exercise:
@@ -100,4 +101,9 @@ EXERCISES = [
                    "        dist.all_reduce(mean)\n"
                    "        if mean.item() / world < target:\n",
              wrong="        if loss.item() < target:\n", tested_in="tests/test_debugging.py"),
+    Exercise("19_build_ddp_yourself", (1, 2, 4, 6), 14, check=(15,),
+             edit="        pass  # your code: divide param.grad, start its all-reduce, keep the handle",
+             right="        param.grad /= dist.get_world_size()\n"
+                   "        self.pending.append(dist.all_reduce(param.grad, async_op=True))",
+             wrong="        self.pending.append(dist.all_reduce(param.grad, async_op=True))"),
 ]  # fmt: skip

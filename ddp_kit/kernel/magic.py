@@ -192,6 +192,13 @@ def cell_parser() -> MagicParser:
         default="last_cell",
         help="variable that receives the CellResult (default: %(default)s)",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="NAME",
+        default=None,
+        help="record a torch.profiler trace of the cell on every rank as record NAME; "
+        "ddp_kit.tracing.merge(session.records, NAME) puts them side by side",
+    )
     return parser  # fmt: skip
 
 
@@ -209,7 +216,7 @@ RANKS_USAGE = """\
 %ranks status          how many ranks, backend, pids, cells run
 %ranks where           where each rank of the running (or last) cell is: its cell lines and
                        the torch function (ranks say so once the cell has run 2 s)
-%%ranks [--on 0,2] [--output rank0]
+%%ranks [--on 0,2] [--output rank0] [--profile NAME]
                        run the cell on every live rank (or only those listed)
 """
 
@@ -269,7 +276,9 @@ class RanksMagic:
         args = cell_parser().parse_args(shlex.split(line))
         session = self._require()
         try:
-            self.namespace[args.result] = session.run(cell, args.on, output=args.output)
+            self.namespace[args.result] = session.run(
+                cell, args.on, output=args.output, profile=args.profile
+            )
         except SyntaxError as error:
             raise CellSyntaxError(error) from None
         except Exception as error:

@@ -236,9 +236,12 @@ class Session:
         *,
         check: bool = True,
         output: str | None = None,
+        profile: str | None = None,
     ) -> CellResult:
         """Run `code` on `ranks` (default: all), each in its own persistent namespace; its
-        output is shown in this cell's `output` mode (default: the session's).
+        output is shown in this cell's `output` mode (default: the session's). With `profile`,
+        each rank records a torch.profiler trace of the cell under that name (ddp_kit.profiling;
+        ddp_kit.tracing merges them).
 
         A rank that raises gives a CellError (unless check=False); the session stays up. A
         cell past cell_timeout, or interrupted, is interrupted on the ranks; ranks that do not
@@ -249,15 +252,17 @@ class Session:
         mode = self.output if output is None else output
         validate_output(mode)
         with self._in_use():
-            return self._run(code, ranks, check, mode)
+            return self._run(code, ranks, check, mode, profile)
 
-    def _run(self, code: str, ranks: Iterable[int] | None, check: bool, mode: str) -> CellResult:
+    def _run(
+        self, code: str, ranks: Iterable[int] | None, check: bool, mode: str, profile: str | None
+    ) -> CellResult:
         targets = self._targets(ranks)
         self.cells_run += 1
-        name = f"<cell {self.cells_run}>"
-        compile(code, name, "exec")  # a syntax error is shown here, before any rank runs it
+        cell = RunCell(f"<cell {self.cells_run}>", code, profile)
+        compile(code, cell.name, "exec")  # a syntax error is shown here, before any rank runs it
         fresh, self._fresh = self._fresh, False
-        result, stop, printer = self._run_once(name, code, targets, mode)
+        result, stop, printer = self._run_once(cell, targets, mode)
         retry_note = None
         if fresh and stop is None and len(targets) == self.world_size:
             again = "the ranks were restarted and the cell run again"
@@ -266,7 +271,7 @@ class Session:
             self.restart()
             diagnose.say(retry_note)
             self._fresh = False
-            result, stop, printer = self._run_once(name, code, targets, mode)
+            result, stop, printer = self._run_once(cell, targets, mode)
             result.notes.append(retry_note)
         printer.show_rest()
         notes = self._recover(stop, result.failures)
@@ -303,7 +308,7 @@ class Session:
     # -- internals --------------------------------------------------------------------------
 
     def _run_once(
-        self, name: str, code: str, targets: list[int], mode: str
+        self, cell: RunCell, targets: list[int], mode: str
     ) -> tuple[CellResult, Stop | None, RankPrinter]:
         """Run the cell once; what it printed is kept, and shown so far only as the output
         mode shows it live (the caller shows the rest)."""
@@ -311,7 +316,7 @@ class Session:
         shown = mode != "quiet" and status_wanted()
         status = CellStatus(self._channel, targets, shown, self.collective_timeout)
         begin = time.perf_counter()
-        self._channel.send(targets, RunCell(name, code))
+        self._channel.send(targets, cell)
         try:
             replies, stop = self._channel.collect(
                 targets, printer.write, self.cell_timeout, on_poll=status.update

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import io
 import linecache
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import worker
+from ..profiling import profiled
 from ..shared import contract, failures
 from ..shared.contract import (
     CellDone,
@@ -171,7 +173,8 @@ def answer(
     interrupts.running = True
     try:
         if isinstance(message, RunCell):
-            run_in_namespace(message.name, message.code, namespace)
+            with profiled(message.profile) if message.profile else contextlib.nullcontext():
+                run_in_namespace(message.name, message.code, namespace)
             return CellDone(None)
         if isinstance(message, FreeGroups):
             groups.free_all()

@@ -38,7 +38,9 @@ with the session's key before anything is read
 --------------------------------------------------------------------------------------------
 kernel -> rank          rank -> kernel
                         Hello(rank, pid)               once, on connecting
-RunCell(name, code)     Output(stream, text) ...       while the cell runs, as it prints
+RunCell(name, code,     Output(stream, text) ...       while the cell runs, as it prints
+        profile)        (profile: None, or a record name: the rank records a torch.profiler
+                        trace of the cell under it, ddp_kit.profiling)
                         Busy(cell, where, stack, seconds) ...
                                                        every second once the cell has run 2 s:
                                                        where it is (rank.where)
@@ -102,6 +104,7 @@ def written_by_kit(script: str | os.PathLike) -> bool:
 class RunCell(NamedTuple):
     name: str
     code: str
+    profile: str | None = None
 
 
 class Pull(NamedTuple):

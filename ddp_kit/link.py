@@ -1,0 +1,97 @@
+"""Inside the ranks: an emulated slow network link, as a DDP communication hook.
+
+On one machine the ranks' all-reduces cross no wire: gloo copies through loopback sockets on
+the same few cores, so communication costs little next to backward, and bucketing seems not to
+matter. To see what it does on a real network, `slow_link_hook` makes each bucket's all-reduce
+take as long as it would on a named link, and no less:
+
+1. it runs the REAL all-reduce (PyTorch's `allreduce_hook`: divide by the world size, sum), so
+   the gradients are exactly those DDP computes without a hook;
+2. it works out when the bucket would be through the link: the link carries one bucket at a
+   time, so bucket k goes on the wire when it is launched or when bucket k-1 is through,
+   whichever is later, and takes `EmulatedLink.model.seconds(bytes)` there;
+3. a thread of the link's completes the bucket's future at that time, or when the real
+   all-reduce is done if that is later. Until then DDP waits for it only at the end of
+   backward: backward goes on computing the earlier layers' gradients meanwhile, which is the
+   overlap that bucketing buys.
+
+Emulated, not measured: the time on the wire is the alpha-beta model of a ring all-reduce
+(costmodel.ring_link: 2(N-1) messages of S/N bytes per rank, each costing the link's latency),
+added on top of a real all-reduce that is much faster. A real network also has congestion,
+other traffic, and protocol overheads (TCP, NCCL's channels) that this leaves out.
+(No `from __future__ import annotations` here: DDP checks the hook's `bucket` annotation at run
+time and needs the real dist.GradBucket class.)
+"""
+
+import queue
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from .costmodel import AlphaBeta, ring_link
+
+ETHERNET = {  # name -> (latency in seconds, bandwidth in bytes/s), one link of each
+    "1 Gbit/s Ethernet": (50e-6, 1e9 / 8),
+    "10 Gbit/s Ethernet": (20e-6, 10e9 / 8),
+}
+
+
+class EmulatedLink:
+    """The state of `slow_link_hook`: a ring of the group's ranks over links of `latency`
+    seconds and `bandwidth` bytes per second (see ETHERNET).
+
+    `events` lists every bucket it carried, in launch order, as a dict: index, bytes, launched
+    (time.time()), on_wire (when the link took it), through (when the model says it is through),
+    reduced (when the real all-reduce was done) and done (when its future was completed).
+    """
+
+    def __init__(
+        self, latency: float, bandwidth: float, process_group: dist.ProcessGroup | None = None
+    ) -> None:
+        self.process_group = process_group
+        group = process_group or dist.group.WORLD
+        self.model: AlphaBeta = ring_link(latency, bandwidth, dist.get_world_size(group))
+        self.free_at = 0.0  # when the link is through with the last bucket given to it
+        self.events: list[dict[str, Any]] = []
+        self._due: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._complete, name="emulated-link", daemon=True).start()
+
+    def send(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Run the bucket's real all-reduce; return a future done when the link is through."""
+        launched = time.time()
+        nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
+        on_wire = max(launched, self.free_at)
+        self.free_at = on_wire + float(self.model.seconds(nbytes))
+        event = {"index": bucket.index(), "bytes": nbytes, "launched": launched,
+                 "on_wire": on_wire, "through": self.free_at}  # fmt: skip
+        self.events.append(event)
+        real = default_hooks.allreduce_hook(self.process_group, bucket)
+        delivered: torch.futures.Future = torch.futures.Future()
+        self._due.put((event, real, delivered))
+        return delivered
+
+    def _complete(self) -> None:
+        """The link's thread: complete each future once its bucket is through (in launch
+        order, which is the order the link sends them in)."""
+        while True:
+            event, real, delivered = self._due.get()
+            try:
+                value = real.wait()  # the real all-reduce (gloo's threads do it)
+            except Exception as error:  # a failed all-reduce fails the step, as without a hook
+                delivered.set_exception(error)
+                continue
+            event["reduced"] = time.time()
+            time.sleep(max(0.0, event["through"] - time.time()))
+            event["done"] = time.time()
+            delivered.set_result(value)
+
+
+def slow_link_hook(state: EmulatedLink, bucket: dist.GradBucket) -> torch.futures.Future:
+    """A DDP communication hook: the real all-reduce, done no sooner than the emulated link
+    `state` would be through with it (`model.register_comm_hook(EmulatedLink(...),
+    slow_link_hook)`)."""
+    return state.send(bucket)
