@@ -102,7 +102,7 @@ EXERCISES = [
                    "        if mean.item() / world < target:\n",
              wrong="        if loss.item() < target:\n", tested_in="tests/test_debugging.py"),
     Exercise("19_build_ddp_yourself", (1, 2, 4, 6), 14, check=(15,),
-             edit="        pass  # your code: divide param.grad, start its all-reduce, keep the handle",
+             edit="        pass  # your code: divide, start the all-reduce, keep its handle",
              right="        param.grad /= dist.get_world_size()\n"
                    "        self.pending.append(dist.all_reduce(param.grad, async_op=True))",
              wrong="        self.pending.append(dist.all_reduce(param.grad, async_op=True))"),
