@@ -130,3 +130,26 @@ def speedup(epoch_seconds: Mapping[str, Mapping[int, float]]) -> Figure:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def bucket_sweep(
+    caps: Sequence[float],
+    measured: Mapping[float, float],
+    predicted: Mapping[float, float],
+    title: str = "Exposed communication per step",
+) -> Figure:
+    """Exposed communication (s) against bucket_cap_mb: measured points, the model's line."""
+    fig = Figure(figsize=(5.5, 3.4))
+    ax = fig.add_subplot()
+    ax.plot(caps, [1e3 * predicted[c] for c in caps], "--", color="grey", marker="x",
+            label="model (costmodel.exposed_communication)")  # fmt: skip
+    ax.plot(caps, [1e3 * measured[c] for c in caps], "o-", color="#1f77b4", label="measured")
+    ax.set_xscale("log")
+    ax.set_xticks(caps, [f"{c:g}" for c in caps])
+    ax.set_xlabel("bucket_cap_mb (MiB)")
+    ax.set_ylabel("exposed communication (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

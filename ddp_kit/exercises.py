@@ -324,6 +324,25 @@ def check_own_ddp(records: Any, mine: str, reference: str) -> bool | None:
               (f"(one per parameter: {parameters}), " if calls != parameters else "") +
               ("all after backward: start each from its hook." if not early else ""))  # fmt: skip
         return False
-    print(f"Correct! DDP's gradients bit for bit, {calls} all-reduces per step, the first one "
-          "started while backward was still computing.")
+    print(
+        f"Correct! DDP's gradients bit for bit, {calls} all-reduces per step, the first one "
+        "started while backward was still computing."
+    )
     return True
+
+
+def check_bucket_choice(mine: float | None, measured: dict[float, float]) -> bool | None:
+    """Buckets and overlap: the student's bucket cap has an exposed communication within 15 %
+    (+1 ms, for the timing noise) of the best the sweep measured on the same link."""
+    if mine is None:
+        print("Not run yet: set `cap_mb` in the cell above, run it, then run this cell again.")
+        return None
+    best_cap = min(measured, key=measured.get)
+    best = measured[best_cap]
+    ok = mine <= 1.15 * best + 0.001
+    print(f"your cap: {1e3 * mine:.1f} ms exposed; the sweep's best ({best_cap:g} MiB): "
+          f"{1e3 * best:.1f} ms.")  # fmt: skip
+    print("Correct! The model's pick is as good as the best measured." if ok else
+          "Not quite: more than 15 % above the best. Compare the model's predictions for each "
+          "cap: where does it have its minimum?")  # fmt: skip
+    return ok

@@ -34,15 +34,16 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .costmodel import AlphaBeta, ring_link
 
-ETHERNET = {  # name -> (latency in seconds, bandwidth in bytes/s), one link of each
+LINKS = {  # name -> (latency in seconds, bandwidth in bytes/s) of one link; round figures
     "1 Gbit/s Ethernet": (50e-6, 1e9 / 8),
     "10 Gbit/s Ethernet": (20e-6, 10e9 / 8),
+    "1 Gbit/s, 1 ms away": (1e-3, 1e9 / 8),  # the same bandwidth, across a campus or a region
 }
 
 
 class EmulatedLink:
     """The state of `slow_link_hook`: a ring of the group's ranks over links of `latency`
-    seconds and `bandwidth` bytes per second (see ETHERNET).
+    seconds and `bandwidth` bytes per second (see LINKS).
 
     `events` lists every bucket it carried, in launch order, as a dict: index, bytes, launched
     (time.time()), on_wire (when the link took it), through (when the model says it is through),
@@ -90,7 +91,9 @@ class EmulatedLink:
             delivered.set_result(value)
 
 
-def slow_link_hook(state: EmulatedLink, bucket: dist.GradBucket) -> torch.futures.Future:
+def slow_link_hook(
+    state: EmulatedLink, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """A DDP communication hook: the real all-reduce, done no sooner than the emulated link
     `state` would be through with it (`model.register_comm_hook(EmulatedLink(...),
     slow_link_hook)`)."""

@@ -106,4 +106,7 @@ EXERCISES = [
              right="        param.grad /= dist.get_world_size()\n"
                    "        self.pending.append(dist.all_reduce(param.grad, async_op=True))",
              wrong="        self.pending.append(dist.all_reduce(param.grad, async_op=True))"),
+    Exercise("22_buckets_and_overlap", (1, 2, 4, 6, 17, 18), 22, check=(23,),
+             edit="cap_mb = None", right="cap_mb = min(predicted, key=predicted.get)",
+             wrong="cap_mb = 0.25"),
 ]  # fmt: skip
