@@ -346,3 +346,20 @@ def check_bucket_choice(mine: float | None, measured: dict[float, float]) -> boo
           "Not quite: more than 15 % above the best. Compare the model's predictions for each "
           "cap: where does it have its minimum?")  # fmt: skip
     return ok
+
+
+def check_ring(result: Any, expected: Any, sent: Any, predicted: float) -> bool | None:
+    """Ring all-reduce: the student's all-gather makes the ring equal dist.all_reduce bit for
+    bit (on whole numbers) on every rank, having sent 2(N-1)/N x S bytes per rank."""
+    result, expected, sent = np.asarray(result), np.asarray(expected), np.asarray(sent)
+    equal, bytes_ok = np.array_equal(result, expected), bool((sent == predicted).all())
+    if equal and bytes_ok:
+        print(f"Correct! dist.all_reduce's sums on every rank, {int(predicted):,} bytes sent each.")
+    elif not equal:
+        wrong = int((result != expected).any(axis=-1).sum())
+        print(f"Not quite: {wrong} rank(s) do not hold the sum. In the all-gather, `received` is "
+              "a finished chunk: copy it into chunks[incoming] (adding would count it twice).")
+    else:
+        print(f"Not quite: the sums are right, but a rank sent {sent.max():,.0f} bytes, "
+              f"not {predicted:,.0f}.")  # fmt: skip
+    return equal and bytes_ok

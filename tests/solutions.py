@@ -109,4 +109,8 @@ EXERCISES = [
     Exercise("22_buckets_and_overlap", (1, 2, 4, 6, 17, 18), 22, check=(23,),
              edit="cap_mb = None", right="cap_mb = min(predicted, key=predicted.get)",
              wrong="cap_mb = 0.25"),
+    Exercise("20_ring_allreduce", (1, 2, 4, 6, 9), 14, check=(15,),
+             edit="        pass  # your code: what to do with `received`",
+             right="        chunks[incoming].copy_(received)",
+             wrong="        chunks[incoming] += received"),
 ]  # fmt: skip
