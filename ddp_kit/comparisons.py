@@ -7,6 +7,7 @@ Like ddp_kit.plots, every function returns a matplotlib Figure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -151,5 +152,35 @@ def bucket_sweep(
     ax.set_ylim(bottom=0)
     ax.set_title(title)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def alpha_beta(
+    sizes: Sequence[float], seconds: Mapping[int, Sequence[float]], fits: Mapping[int, Any]
+) -> Figure:
+    """Left: all-reduce time against size per number of ranks (points) with each alpha-beta
+    fit (lines), log-log. Right: the bus bandwidth of each point (nccl-tests' busbw)."""
+    from .costmodel import busbw
+
+    fig = Figure(figsize=(10, 3.6))
+    left, right = fig.subplots(1, 2)
+    sizes = np.asarray(sizes, dtype=float)
+    line = np.geomspace(sizes.min(), sizes.max(), 100)
+    for (ranks, times), (color, _) in zip(seconds.items(), VARIANT_STYLES[1:], strict=False):
+        times = np.asarray(times, dtype=float)
+        left.loglog(sizes, times, "o", color=color, label=f"{ranks} ranks, measured")
+        left.loglog(line, fits[ranks].seconds(line), "-", color=color, lw=1,
+                    label=f"fit: {fits[ranks]}")  # fmt: skip
+        right.semilogx(sizes, busbw(sizes, times, ranks) / 1e6, "o-", color=color,
+                       label=f"{ranks} ranks")  # fmt: skip
+    left.set_xlabel("bytes per rank (S)")
+    left.set_ylabel("seconds per all-reduce")
+    left.set_title("t(S) = alpha + beta x S")
+    left.legend(fontsize=7)
+    right.set_xlabel("bytes per rank (S)")
+    right.set_ylabel("busbw (MB/s)")
+    right.set_title("Bus bandwidth: S / t x 2(N-1)/N")
+    right.legend(fontsize=7)
     fig.tight_layout()
     return fig

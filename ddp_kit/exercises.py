@@ -363,3 +363,15 @@ def check_ring(result: Any, expected: Any, sent: Any, predicted: float) -> bool 
         print(f"Not quite: the sums are right, but a rank sent {sent.max():,.0f} bytes, "
               f"not {predicted:,.0f}.")  # fmt: skip
     return equal and bytes_ok
+
+
+def check_half_bandwidth(answer: Any, fit: Any) -> bool | None:
+    """All-reduce cost: the size at which beta x S equals alpha (S = alpha / beta), from the
+    run's own fit, within 5 %."""
+    correct = fit.alpha / fit.beta
+    number = _number(answer)
+    if answer is not None and number is not None:
+        answer = number if abs(number - correct) > 0.05 * correct else correct
+    return _verdict(answer, correct, "beta x S = alpha when S = alpha / beta: here "
+                    f"{correct:,.0f} bytes. At that size the call takes 2 x alpha and moves S, "
+                    "half the bandwidth it reaches for large sizes.")  # fmt: skip

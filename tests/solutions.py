@@ -113,4 +113,6 @@ EXERCISES = [
              edit="        pass  # your code: what to do with `received`",
              right="        chunks[incoming].copy_(received)",
              wrong="        chunks[incoming] += received"),
+    Exercise("21_allreduce_cost", (1, 2, 4, 5), 12,
+             **answer("fits[4].alpha / fits[4].beta"), wrong="answer = 1024"),
 ]  # fmt: skip
