@@ -357,8 +357,10 @@ def check_ring(result: Any, expected: Any, sent: Any, predicted: float) -> bool 
         print(f"Correct! dist.all_reduce's sums on every rank, {int(predicted):,} bytes sent each.")
     elif not equal:
         wrong = int((result != expected).any(axis=-1).sum())
-        print(f"Not quite: {wrong} rank(s) do not hold the sum. In the all-gather, `received` is "
-              "a finished chunk: copy it into chunks[incoming] (adding would count it twice).")
+        print(
+            f"Not quite: {wrong} rank(s) do not hold the sum. In the all-gather, `received` is "
+            "a finished chunk: copy it into chunks[incoming] (adding would count it twice)."
+        )
     else:
         print(f"Not quite: the sums are right, but a rank sent {sent.max():,.0f} bytes, "
               f"not {predicted:,.0f}.")  # fmt: skip
@@ -375,3 +377,25 @@ def check_half_bandwidth(answer: Any, fit: Any) -> bool | None:
     return _verdict(answer, correct, "beta x S = alpha when S = alpha / beta: here "
                     f"{correct:,.0f} bytes. At that size the call takes 2 x alpha and moves S, "
                     "half the bandwidth it reaches for large sizes.")  # fmt: skip
+
+
+def check_one_bucket_overlap(trace: dict) -> bool | None:
+    """Profiler trace: the student's step has one all-reduce per rank (one bucket), and under
+    20 % of its time overlaps compute."""
+    from . import tracing
+
+    lanes = {rank: tracing.spans(trace, rank) for rank in tracing.ranks(trace)}
+    calls = {rank: len(lane["communication"]) for rank, lane in lanes.items()}
+    if set(calls.values()) != {1}:
+        print(f"Not quite: all-reduces per rank: {calls}. One bucket must hold all 3.1 MB of "
+              "gradients: bucket_cap_mb is in MiB.")  # fmt: skip
+        return False
+    shares = {rank: tracing.overlap_share(**lane) for rank, lane in lanes.items()}
+    ok = all(share < 0.2 for share in shares.values())
+    print(
+        "Correct! One all-reduce per rank, started when backward had ended: nothing left to "
+        "overlap with."
+        if ok
+        else f"Not quite: one all-reduce, but overlap shares {shares}."
+    )
+    return ok

@@ -82,6 +82,13 @@ def _metadata(name: str, rank: int, args: dict) -> dict:
     return {"ph": "M", "name": name, "pid": rank, "tid": 0, "ts": 0.0, "args": args}
 
 
+def from_records(records, name: str, step: int = -1) -> dict:
+    """The merged trace of what every rank recorded under `name` (`%%ranks --profile NAME`,
+    or ddp_kit.profiling.profiled(NAME) in a script) at `step` (default: the last)."""
+    step = records.steps(name)[step]
+    return merge([records.get(name, step, rank) for rank in range(records.world_size)])
+
+
 def save(trace: dict, path) -> Path:
     """Write `trace` as JSON to `path`; it opens in Perfetto (ui.perfetto.dev) and in
     chrome://tracing."""

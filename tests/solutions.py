@@ -115,4 +115,6 @@ EXERCISES = [
              wrong="        chunks[incoming] += received"),
     Exercise("21_allreduce_cost", (1, 2, 4, 5), 12,
              **answer("fits[4].alpha / fits[4].beta"), wrong="answer = 1024"),
+    Exercise("23_profiler_trace", (1, 2, 4), 14, check=(15,),
+             edit="cap_mb = 1   # your cap, in MiB", right="cap_mb = 25", wrong="cap_mb = 2"),
 ]  # fmt: skip
