@@ -43,6 +43,18 @@ def test_last_expression_is_shown_like_a_notebook_cell(live):
     assert live.run("rank + 40").stdout == ["40\n", "41\n"]
 
 
+def test_a_cells_annotations_are_objects_as_in_a_notebook_and_a_hook_registers(live):
+    code = (
+        "def hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:\n"
+        "    return default_hooks.allreduce_hook(state, bucket)\n"
+        "print(hook.__annotations__['bucket'] is dist.GradBucket)\n"
+        "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+        "ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))\n"
+        "ddp.register_comm_hook(None, hook)  # DDP refuses a hook annotated with a string"
+    )
+    assert live.run(code).stdout == ["True\n", "True\n"]
+
+
 def test_an_exception_names_the_rank_and_the_session_stays_usable(live):
     with pytest.raises(CellError) as caught:
         live.run("x = 1\nif rank == 1:\n    raise ValueError('rank one is broken')\n")

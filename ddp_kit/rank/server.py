@@ -120,9 +120,13 @@ def run_in_namespace(name: str, code: str, namespace: dict[str, Any]) -> None:
     linecache.cache[name] = (len(code), None, code.splitlines(keepends=True), name)
     tree = ast.parse(code, filename=name)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    exec(compile(tree, name, "exec"), namespace)
+    # dont_inherit: the cell is compiled as a notebook compiles it, without this module's
+    # `from __future__ import annotations` (which would make its annotations strings, and DDP
+    # refuses a comm hook whose `bucket: dist.GradBucket` annotation is a string)
+    exec(compile(tree, name, "exec", dont_inherit=True), namespace)
     if last is not None:
-        value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
+        expression = ast.Expression(last.value)
+        value = eval(compile(expression, name, "eval", dont_inherit=True), namespace)
         if value is not None:
             print(repr(value))
 
