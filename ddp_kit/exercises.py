@@ -399,3 +399,12 @@ def check_one_bucket_overlap(trace: dict) -> bool | None:
         else f"Not quite: one all-reduce, but overlap shares {shares}."
     )
     return ok
+
+
+def check_bucket_count(answer: Any, built: list[int]) -> bool | None:
+    """DDP's knobs: how many buckets DDP built after the rebuild (`built`: their sizes, from
+    DDP's logging data)."""
+    sizes = " + ".join(f"{size:,}" for size in built)
+    return _verdict(answer, len(built), f"DDP built {len(built)} bucket(s): {sizes} bytes. The "
+                    "first closes as soon as it holds 1 MiB: the output layer and one 512 x 512 "
+                    "layer; all the others fit in one bucket under 25 MiB.")  # fmt: skip

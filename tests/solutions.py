@@ -117,4 +117,5 @@ EXERCISES = [
              **answer("fits[4].alpha / fits[4].beta"), wrong="answer = 1024"),
     Exercise("23_profiler_trace", (1, 2, 4), 14, check=(15,),
              edit="cap_mb = 1   # your cap, in MiB", right="cap_mb = 25", wrong="cap_mb = 2"),
+    Exercise("24_ddp_knobs", (1, 2, 4, 16), 17, **answer("2"), wrong="answer = 1"),
 ]  # fmt: skip
