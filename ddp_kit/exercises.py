@@ -331,20 +331,27 @@ def check_own_ddp(records: Any, mine: str, reference: str) -> bool | None:
     return True
 
 
-def check_bucket_choice(mine: float | None, measured: dict[float, float]) -> bool | None:
-    """Buckets and overlap: the student's bucket cap has an exposed communication within 15 %
-    (+1 ms, for the timing noise) of the best the sweep measured on the same link."""
-    if mine is None:
-        print("Not run yet: set `cap_mb` in the cell above, run it, then run this cell again.")
+def check_bucket_choice(
+    cap: Any, measured: dict[float, float], predicted: dict[float, float]
+) -> bool | None:
+    """Buckets and overlap: the student's cap is the sweep's least exposed one (within 5 %);
+    then what the model says of it."""
+    if cap is None:
+        print("Not answered yet: set `cap_mb` to one of the caps of the sweep.")
         return None
-    best_cap = min(measured, key=measured.get)
-    best = measured[best_cap]
-    ok = mine <= 1.15 * best + 0.001
-    print(f"your cap: {1e3 * mine:.1f} ms exposed; the sweep's best ({best_cap:g} MiB): "
-          f"{1e3 * best:.1f} ms.")  # fmt: skip
-    print("Correct! The model's pick is as good as the best measured." if ok else
-          "Not quite: more than 15 % above the best. Compare the model's predictions for each "
-          "cap: where does it have its minimum?")  # fmt: skip
+    if cap not in measured:
+        print(f"Not quite: {cap!r} is not one of the caps of the sweep: {sorted(measured)}.")
+        return False
+    best = min(measured, key=measured.get)
+    ok = measured[cap] <= 1.05 * measured[best]
+    print(f"Correct! {cap:g} MiB: {1e3 * measured[cap]:.1f} ms exposed, the sweep's least."
+          if ok else f"Not quite: {cap:g} MiB exposed {1e3 * measured[cap]:.1f} ms; "
+          f"{best:g} MiB exposed {1e3 * measured[best]:.1f} ms.")  # fmt: skip
+    modelled = min(predicted, key=predicted.get)
+    print(
+        f"The model's pick: {modelled:g} MiB ({1e3 * predicted[modelled]:.1f} ms predicted; "
+        f"for {cap:g} MiB it predicts {1e3 * predicted[cap]:.1f} ms)."
+    )
     return ok
 
 

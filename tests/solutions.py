@@ -106,9 +106,9 @@ EXERCISES = [
              right="        param.grad /= dist.get_world_size()\n"
                    "        self.pending.append(dist.all_reduce(param.grad, async_op=True))",
              wrong="        self.pending.append(dist.all_reduce(param.grad, async_op=True))"),
-    Exercise("22_buckets_and_overlap", (1, 2, 4, 6, 17, 18), 22, check=(23,),
-             edit="cap_mb = None", right="cap_mb = min(predicted, key=predicted.get)",
-             wrong="cap_mb = 0.25"),
+    Exercise("22_buckets_and_overlap", (1, 2, 4, 6, 17, 18), 22,
+             edit="cap_mb = None", right="cap_mb = min(measured, key=measured.get)",
+             wrong="cap_mb = 25"),
     Exercise("20_ring_allreduce", (1, 2, 4, 6, 9), 14, check=(15,),
              edit="        pass  # your code: what to do with `received`",
              right="        chunks[incoming].copy_(received)",
