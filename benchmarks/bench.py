@@ -1,5 +1,6 @@
 """ddp-kit benchmark: launch overhead vs bare torchrun, the fast start vs the plain start,
-live ranks vs fresh launches, gloo all-reduce bandwidth, scaling.
+live ranks vs fresh launches, gloo all-reduce bandwidth and its alpha-beta fit, exposed
+communication against bucket size (measured and modelled, on gloo and emulated links), scaling.
 
     ./kit bench                 # full run (several minutes on 2 cores)
     ./kit bench --smoke         # a minute: tiny sizes, 2 ranks, no notebook suite
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 import ddp_kit
+from ddp_kit import costmodel
 from ddp_kit.kernel.diagnose import failure_signs as signs
 from ddp_kit.kernel.torchrun import bare_torchrun as bare_torchrun_command
 from ddp_kit.kernel.torchrun import loopback_interface
@@ -197,6 +199,25 @@ def allreduce(ranks: list[int], sizes: list[int]) -> dict:
     return out
 
 
+def alpha_beta(rows_per_ranks: dict) -> dict:
+    """The alpha-beta model fitted to the all-reduce times of each rank count (notebook 21)."""
+    out = {}
+    for nproc, rows in rows_per_ranks.items():
+        fit = costmodel.fit([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+        worst = max(abs(fit.seconds(r["bytes"]) / r["seconds"] - 1) for r in rows)
+        out[nproc] = {"alpha_s": fit.alpha, "beta_s_per_byte": fit.beta,
+                      "bandwidth_bytes_s": fit.bandwidth, "worst_relative_error": worst,
+                      "text": str(fit)}  # fmt: skip
+    return out
+
+
+def bucket_sweep(caps: list[float], steps: int) -> dict:
+    """Exposed communication against bucket_cap_mb on 2 ranks, on gloo alone and on the
+    emulated links, with the model's prediction, in one run (notebook 22)."""
+    _, stdout = kit_launch(WORKERS / "bucket_sweep.py", 2, [str(steps), *map(str, caps)])
+    return bench_line(stdout)
+
+
 def scaling(ranks: list[int], global_batch: int, steps: int) -> dict:
     """Training steps per second of the notebooks' TinyNet at a fixed global batch."""
     script = WORKERS / "train_steps.py"
@@ -362,6 +383,18 @@ def report(res: dict) -> str:
             lines.append(f"{nproc} ranks {r['bytes']:>10d} B: {r['seconds'] * 1e3:9.3f} ms  "
                          f"algbw {r['algbw'] / 1e9:7.3f} GB/s  busbw {r['busbw'] / 1e9:7.3f} GB/s  "
                          f"busbw/memcpy {r['busbw'] / res['memcpy']:.3f}")  # fmt: skip
+    lines.append("== the alpha-beta model fitted to those times (notebook 21) ==")
+    for nproc, r in res["alpha_beta"].items():
+        lines.append(f"{nproc} ranks: {r['text']}; worst point off the fit by "
+                     f"{r['worst_relative_error']:.0%}")  # fmt: skip
+    lines.append("== exposed communication per step against bucket_cap_mb, 2 ranks, 12-layer "
+                 "MLP (notebook 22): measured / model ==")  # fmt: skip
+    for link, points in res["bucket_sweep"].items():
+        cells = []
+        for p in points:
+            model = "" if p["model_s"] is None else f" / {p['model_s'] * 1e3:.1f}"
+            cells.append(f"{p['cap_mb']:g} MiB {p['exposed_s'] * 1e3:.1f}{model} ms")
+        lines.append(f"{link:22s} " + ", ".join(cells))
     lines.append("== live ranks (Session): the same DDP step as a cell vs a fresh launch ==")
     for nproc, r in res["live"].items():
         lines.append(f"{nproc} ranks: session start {r['session_start_s']:.2f} s, first DDP "
@@ -403,11 +436,15 @@ def main(argv: list[str] | None = None) -> dict:
         "fast_start": fast_start(ranks, 1 if args.smoke else args.repeats, 2 if args.smoke else 3),
         "memcpy": memcpy_bandwidth(),
         "allreduce": allreduce(ranks, sizes),
+        "bucket_sweep": bucket_sweep(
+            [0.5, 25] if args.smoke else [0.25, 0.5, 1, 2, 25], 2 if args.smoke else 6
+        ),
         "live": live_ranks(ranks, 5 if args.smoke else 30, 1 if args.smoke else 3),
         "scaling": scaling([1, 2] if args.smoke else [1, 2, 4], 64, 20 if args.smoke else 300),
         "speedup": speedup([1, 2] if args.smoke else [1, 2, 4]),
         "notebooks_s": None if args.smoke else notebook_suite(),
     }
+    res["alpha_beta"] = alpha_beta(res["allreduce"])
     res["bare_failures"] = list(BARE_FAILURES)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(res, indent=2))

@@ -32,8 +32,22 @@ class Exercise:
     @property
     def live(self) -> bool:
         """Whether it runs on live ranks (then its notebook gets a kernel of its own)."""
-        return self.notebook.split("_")[0] in {"08", "09", "11", "13", "14", "15", "16", "18", "19",
-                                              "20", "21", "22", "23", "24"}
+        return self.notebook.split("_")[0] in {
+            "08",
+            "09",
+            "11",
+            "13",
+            "14",
+            "15",
+            "16",
+            "18",
+            "19",
+            "20",
+            "21",
+            "22",
+            "23",
+            "24",
+        }
 
 
 def exercise(notebook: str) -> Exercise:

@@ -25,6 +25,14 @@ def test_benchmark_smoke(tmp_path, capsys):
     rows = res["allreduce"][2]
     assert [r["bytes"] for r in rows] == [1024, 65536]
     assert all(r["busbw"] == pytest.approx(r["algbw"]) for r in rows)  # 2(N-1)/N = 1 for N=2
+    fit = res["alpha_beta"][2]
+    assert fit["alpha_s"] > 0 and fit["beta_s_per_byte"] > 0
+    sweep = res["bucket_sweep"]
+    assert set(sweep) == {"gloo alone", "1 Gbit/s Ethernet", "1 Gbit/s, 1 ms away"}
+    for link, points in sweep.items():
+        assert [p["cap_mb"] for p in points] == [0.5, 25]
+        assert all(p["exposed_s"] > 0 and p["step_s"] > p["exposed_s"] for p in points)
+        assert all((p["model_s"] is None) == (link == "gloo alone") for p in points)
     live = res["live"][2]
     assert (
         0 < live["trivial_cell_ms"] and 0 < live["ddp_step_cell_ms"] < 1e3 * live["fresh_launch_s"]
