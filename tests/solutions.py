@@ -123,7 +123,7 @@ EXERCISES = [
     Exercise("22_buckets_and_overlap", (1, 2, 4, 6, 17, 18), 22,
              edit="cap_mb = None", right="cap_mb = min(measured, key=measured.get)",
              wrong="cap_mb = 25"),
-    Exercise("20_ring_allreduce", (1, 2, 4, 6, 9), 14, check=(15,),
+    Exercise("20_ring_allreduce", (1, 2, 4, 6, 7, 9), 14, check=(15,),
              edit="        pass  # your code: what to do with `received`",
              right="        chunks[incoming].copy_(received)",
              wrong="        chunks[incoming] += received"),
