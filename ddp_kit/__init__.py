@@ -29,9 +29,13 @@ In the ranks, imported by the students' code:
     traffic  CollectiveCounter                          scratch  data parallelism by hand
     toy      the lessons' data and models              speedup  epoch timing on n ranks
     divergence  first_divergence, DivergenceWatch: where the ranks' models stop agreeing
+    link     an emulated slow network link (a comm hook)  profiling  profiled(): a rank's trace
 In the notebook, imported by the lessons:
     plots, comparisons  figures          widgets    StepExplorer        exercises  checks
     reference  the one-process run       environment  this machine       facts  asserted facts
+    tracing  the ranks' profiler traces merged, the overlap share
+In both:
+    costmodel  the alpha-beta model of an all-reduce, the bucket overhead model
 kernel/   the kit's machinery in the kernel: launch, session, channel, magic, torchrun (plumbing),
           fast_start, output, progress, diagnose, result, script, backend
 rank/     what runs below the kernel: agent (torchrun that dies with the kernel), runner (a rank's

@@ -147,11 +147,8 @@ def bucket_sweep(
     ax.plot(caps, [1e3 * measured[c] for c in caps], "o-", color="#1f77b4", label="measured")
     ax.set_xscale("log")
     ax.set_xticks(caps, [f"{c:g}" for c in caps])
-    ax.set_xlabel("bucket_cap_mb (MiB)")
-    ax.set_ylabel("exposed communication (ms)")
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    ax.legend(fontsize=8)
+    _label(ax, "bucket_cap_mb (MiB)", "exposed communication (ms)", title)
     fig.tight_layout()
     return fig
 
@@ -174,13 +171,15 @@ def alpha_beta(
                     label=f"fit: {fits[ranks]}")  # fmt: skip
         right.semilogx(sizes, busbw(sizes, times, ranks) / 1e6, "o-", color=color,
                        label=f"{ranks} ranks")  # fmt: skip
-    left.set_xlabel("bytes per rank (S)")
-    left.set_ylabel("seconds per all-reduce")
-    left.set_title("t(S) = alpha + beta x S")
-    left.legend(fontsize=7)
-    right.set_xlabel("bytes per rank (S)")
-    right.set_ylabel("busbw (MB/s)")
-    right.set_title("Bus bandwidth: S / t x 2(N-1)/N")
-    right.legend(fontsize=7)
+    _label(left, "bytes per rank (S)", "seconds per all-reduce", "t(S) = alpha + beta x S")
+    _label(right, "bytes per rank (S)", "busbw (MB/s)", "Bus bandwidth: S / t x 2(N-1)/N")
     fig.tight_layout()
     return fig
+
+
+def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    """Name an axes' axes and title, and show its legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)

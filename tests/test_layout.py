@@ -14,7 +14,8 @@ import pytest
 from support import build_wheel
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ddp_kit"
-IN_RANKS = ["worker", "toy", "observe", "traffic", "scratch", "speedup", "facts"]
+IN_RANKS = ["worker", "toy", "observe", "traffic", "scratch", "speedup", "facts", "link",
+            "profiling", "costmodel"]  # fmt: skip
 
 
 def rank_modules() -> list[Path]:
@@ -53,7 +54,10 @@ def test_the_ast_check_sees_relative_imports():
 
 
 def test_importing_the_rank_api_loads_no_kernel_module():
-    modules = "ddp_kit.worker, ddp_kit.observe, ddp_kit.rank.runner, ddp_kit.rank.server"
+    modules = (
+        "ddp_kit.worker, ddp_kit.observe, ddp_kit.link, ddp_kit.profiling, "
+        "ddp_kit.rank.runner, ddp_kit.rank.server"
+    )
     found = "[m for m in sys.modules if m.startswith('ddp_kit.kernel')]"
     code = f"import sys, {modules}\nprint({found})"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
