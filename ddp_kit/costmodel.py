@@ -100,7 +100,8 @@ def busbw(nbytes, seconds, ranks: int):
 def exposed_communication(
     bucket_bytes: Sequence[float], backward_seconds: float, link: AlphaBeta
 ) -> float:
-    """Seconds of communication left after backward ends, per step (the CS336 overhead model).
+    """Seconds of communication left after backward ends, per step (a generalisation of the
+    overhead model Stanford CS336's assignment 2 asks for).
 
     Backward produces the gradients at a steady rate over `backward_seconds`, so bucket k (in
     launch order) is ready when its share of the bytes is done:

@@ -344,7 +344,8 @@ def check_bucket_choice(
         return False
     best = min(measured, key=measured.get)
     ok = measured[cap] <= 1.05 * measured[best]
-    print(f"Correct! {cap:g} MiB: {1e3 * measured[cap]:.1f} ms exposed, the sweep's least."
+    print(f"Correct! {cap:g} MiB: {1e3 * measured[cap]:.1f} ms exposed, within 5 % of the "
+          "sweep's least."
           if ok else f"Not quite: {cap:g} MiB exposed {1e3 * measured[cap]:.1f} ms; "
           f"{best:g} MiB exposed {1e3 * measured[best]:.1f} ms.")  # fmt: skip
     modelled = min(predicted, key=predicted.get)
@@ -394,7 +395,7 @@ def check_one_bucket_overlap(trace: dict) -> bool | None:
     lanes = {rank: tracing.spans(trace, rank) for rank in tracing.ranks(trace)}
     calls = {rank: len(lane["communication"]) for rank, lane in lanes.items()}
     if set(calls.values()) != {1}:
-        print(f"Not quite: all-reduces per rank: {calls}. One bucket must hold all 3.1 MB of "
+        print(f"Not quite: all-reduces per rank: {calls}. One bucket must hold all 3.16 MB of "
               "gradients: bucket_cap_mb is in MiB.")  # fmt: skip
         return False
     shares = {rank: tracing.overlap_share(**lane) for rank, lane in lanes.items()}

@@ -1,9 +1,9 @@
 """Inside the ranks: an emulated slow network link, as a DDP communication hook.
 
 On one machine the ranks' all-reduces cross no wire: gloo copies through loopback sockets on
-the same few cores, so communication costs little next to backward, and bucketing seems not to
-matter. To see what it does on a real network, `slow_link_hook` makes each bucket's all-reduce
-take as long as it would on a named link, and no less:
+the same few cores, so for the lessons' models communication costs little next to backward,
+and bucketing seems not to matter. To see what it does on a real network, `slow_link_hook`
+makes each bucket's all-reduce take as long as it would on a named link, and no less:
 
 1. it runs the REAL all-reduce (PyTorch's `allreduce_hook`: divide by the world size, sum), so
    the gradients are exactly those DDP computes without a hook;
@@ -17,8 +17,11 @@ take as long as it would on a named link, and no less:
 
 Emulated, not measured: the time on the wire is the alpha-beta model of a ring all-reduce
 (costmodel.ring_link: 2(N-1) messages of S/N bytes per rank, each costing the link's latency),
-added on top of a real all-reduce that is much faster. A real network also has congestion,
-other traffic, and protocol overheads (TCP, NCCL's channels) that this leaves out.
+added on top of a real all-reduce that is usually faster. A real network also has congestion,
+other traffic, and protocol overheads (TCP, NCCL's channels) that this leaves out. Each rank
+starts the link's clock at its own launch of the bucket, so a rank that launches a little
+before the others may see the link through that much early (the real all-reduce still waits
+for every rank). Times are time.time(), as GradientRecorder's, to be compared with them.
 (No `from __future__ import annotations` here: DDP checks the hook's `bucket` annotation at run
 time and needs the real dist.GradBucket class.)
 """
@@ -26,6 +29,7 @@ time and needs the real dist.GradBucket class.)
 import queue
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -37,7 +41,7 @@ from .costmodel import AlphaBeta, ring_link
 LINKS = {  # name -> (latency in seconds, bandwidth in bytes/s) of one link; round figures
     "1 Gbit/s Ethernet": (50e-6, 1e9 / 8),
     "10 Gbit/s Ethernet": (20e-6, 10e9 / 8),
-    "1 Gbit/s, 1 ms away": (1e-3, 1e9 / 8),  # the same bandwidth, across a campus or a region
+    "1 Gbit/s, 1 ms away": (1e-3, 1e9 / 8),  # the same bandwidth, between data centres of a region
 }
 
 
@@ -59,7 +63,10 @@ class EmulatedLink:
         self.free_at = 0.0  # when the link is through with the last bucket given to it
         self.events: list[dict[str, Any]] = []
         self._due: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._complete, name="emulated-link", daemon=True).start()
+        # the thread holds the queue, not the link: when the link is collected, it is told to end
+        threading.Thread(target=_complete, args=(self._due,), name="emulated-link",
+                         daemon=True).start()  # fmt: skip
+        weakref.finalize(self, self._due.put, None)
 
     def send(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """Run the bucket's real all-reduce; return a future done when the link is through."""
@@ -75,20 +82,21 @@ class EmulatedLink:
         self._due.put((event, real, delivered))
         return delivered
 
-    def _complete(self) -> None:
-        """The link's thread: complete each future once its bucket is through (in launch
-        order, which is the order the link sends them in)."""
-        while True:
-            event, real, delivered = self._due.get()
-            try:
-                value = real.wait()  # the real all-reduce (gloo's threads do it)
-            except Exception as error:  # a failed all-reduce fails the step, as without a hook
-                delivered.set_exception(error)
-                continue
-            event["reduced"] = time.time()
-            time.sleep(max(0.0, event["through"] - time.time()))
-            event["done"] = time.time()
-            delivered.set_result(value)
+
+def _complete(due: queue.SimpleQueue) -> None:
+    """A link's thread: complete each future once its bucket is through (in launch order, the
+    order the link sends them in); end at None (the link was collected)."""
+    while (item := due.get()) is not None:
+        event, real, delivered = item
+        try:
+            value = real.wait()  # the real all-reduce (gloo's threads do it)
+        except Exception as error:  # a failed all-reduce fails the step, as without a hook
+            delivered.set_exception(error)
+            continue
+        event["reduced"] = time.time()
+        time.sleep(max(0.0, event["through"] - time.time()))
+        event["done"] = time.time()
+        delivered.set_result(value)
 
 
 def slow_link_hook(

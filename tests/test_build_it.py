@@ -109,3 +109,24 @@ for _ in range(2):
         assert 0.0 <= tracing.overlap_share(**lanes) <= 1.0
     args = cell_parser().parse_args(["--profile", "step"])
     assert args.profile == "step"
+
+
+def test_an_emulated_links_thread_ends_with_the_link():
+    code = """
+import gc, threading, time
+import torch.distributed as dist
+from ddp_kit.link import LINKS, EmulatedLink
+dist.init_process_group("gloo")
+before = threading.active_count()
+links = [EmulatedLink(*LINKS["1 Gbit/s Ethernet"]) for _ in range(3)]
+during = threading.active_count()
+del links
+gc.collect()
+for _ in range(50):
+    if threading.active_count() == before:
+        break
+    time.sleep(0.1)
+print(during - before, threading.active_count() - before)
+dist.destroy_process_group()
+"""
+    assert ddp_kit.launch(code, nproc=1, output="quiet").stdout == ["3 0\n"]

@@ -1,5 +1,5 @@
-"""Exposed communication per step against bucket_cap_mb, measured beside the CS336 overhead
-model (costmodel.exposed_communication), on gloo alone and on the emulated links of
+"""Exposed communication per step against bucket_cap_mb, measured beside the overhead model
+of costmodel.exposed_communication, on gloo alone and on the emulated links of
 ddp_kit.link. BENCH_ARGS: steps per point, then the caps in MiB. Notebook 22's model."""
 
 import json
