@@ -320,9 +320,11 @@ def check_own_ddp(records: Any, mine: str, reference: str) -> bool | None:
     parameters = len(step["ready"])  # the timeline notes when each parameter's gradient was ready
     early = min(c["launched"] for c in step["buckets"]) < max(step["ready"].values())
     if calls != parameters or not early:
-        print(f"Not yet: the gradients are right, but {calls} all-reduce call(s) per step " +
-              (f"(one per parameter: {parameters}), " if calls != parameters else "") +
-              ("all after backward: start each from its hook." if not early else ""))  # fmt: skip
+        problems = ([f"{calls} all-reduce call(s) per step, not one per parameter ({parameters})"]
+                    if calls != parameters else [])  # fmt: skip
+        if not early:
+            problems.append("every all-reduce started after backward: start each from its hook")
+        print("Not yet: the gradients are right, but " + "; ".join(problems) + ".")
         return False
     print(
         f"Correct! DDP's gradients bit for bit, {calls} all-reduces per step, the first one "
@@ -367,7 +369,8 @@ def check_ring(result: Any, expected: Any, sent: Any, predicted: float) -> bool 
         wrong = int((result != expected).any(axis=-1).sum())
         print(
             f"Not quite: {wrong} rank(s) do not hold the sum. In the all-gather, `received` is "
-            "a finished chunk: copy it into chunks[incoming] (adding would count it twice)."
+            "a finished chunk: copy it into chunks[incoming] (adding would count again the "
+            "ranks already summed in that chunk)."
         )
     else:
         print(f"Not quite: the sums are right, but a rank sent {sent.max():,.0f} bytes, "

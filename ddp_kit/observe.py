@@ -8,9 +8,10 @@ a hook) and records the reduced result.
 run time and needs the real dist.GradBucket class.)
 """
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -189,64 +190,67 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 class AllReduceTimeline:
-    """Watch data parallelism written by hand, as GradientRecorder watches DDP: while active
-    (a `with` block around one step's backward and synchronisation), note when backward made
-    each gradient of `model` (a post-accumulate-grad hook per parameter) and when each
-    `dist.all_reduce` called meanwhile started and finished (an asynchronous one: when its
-    future completed). At the end of the block it records ``buckets`` under `prefix` at `step`,
-    in GradientRecorder's format, so that plots.bucket_timeline draws both alike; here a
-    "bucket" is one all_reduce call, whatever tensor it was given.
+    """Watch data parallelism written by hand, as GradientRecorder watches DDP.
+
+        timeline = AllReduceTimeline(model, prefix="mine/")  # before the code under watch
+        sync = MyDDP(model)                                    # registers its own hooks
+        with timeline.step(0):
+            loss.backward(); sync.finish()
+
+    Made before the code it watches, its post-accumulate-grad hooks (one per parameter) run
+    before that code's (PyTorch runs a tensor's hooks in the order they were registered), so
+    each gradient's ready time is noted before the all-reduce it may start. Inside
+    `step(n)`, every `dist.all_reduce` call is timed: when it started and when it finished (an
+    asynchronous one: when its future completed). At the end of the block it records
+    ``buckets`` under `prefix` at step n, in GradientRecorder's format, so that
+    plots.bucket_timeline draws both alike; here a "bucket" is one all_reduce call, whatever
+    tensor it was given (its `params` are not known: empty).
     """
 
-    def __init__(self, model: nn.Module, step: int, prefix: str = "") -> None:
-        self.model, self.step, self.prefix = _unwrap(model), step, prefix
+    def __init__(self, model: nn.Module, prefix: str = "") -> None:
+        self.prefix = prefix
         self.ready: dict[str, float] = {}
-        self.calls: list[dict[str, Any]] = []
-        self._handles: list[Any] = []
-        self._noted: list[tuple[dict[str, Any], Any, torch.futures.Future]] = []
-        self._original: Callable | None = None
-
-    def __enter__(self) -> "AllReduceTimeline":
-        for name, param in self.model.named_parameters():
+        for name, param in _unwrap(model).named_parameters():
             if param.requires_grad:
-                self._handles.append(param.register_post_accumulate_grad_hook(self._noter(name)))
-        self._original = original = dist.all_reduce
+                param.register_post_accumulate_grad_hook(self._noter(name))
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        """Time the all_reduce calls of one step; record them with the ready times."""
+        self.ready = {}
+        calls: list[dict[str, Any]] = []
+        noted: list[tuple[dict[str, Any], Any, torch.futures.Future]] = []
+        original = dist.all_reduce
 
         def timed(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            call = {"index": len(self.calls), "numel": tensor.numel(), "params": [],
+            call = {"index": len(calls), "numel": tensor.numel(), "params": [],
                     "dtype": str(tensor.dtype).removeprefix("torch."), "last": False,
                     "launched": time.time()}  # fmt: skip
-            self.calls.append(call)
+            calls.append(call)
             work = original(tensor, *args, **kwargs)
             if work is None:  # a blocking call has finished when it returns
                 call["finished"] = time.time()
             else:
                 done = work.get_future().then(lambda _: call.__setitem__("finished", time.time()))
-                self._noted.append((call, work, done))
+                noted.append((call, work, done))
             return work
 
         dist.all_reduce = functools.wraps(original)(timed)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        dist.all_reduce = self._original
-        for handle in self._handles:
-            handle.remove()
-        if exc[0] is not None:
-            return
-        unfinished = [
-            call["index"] for call, work, _ in self._noted if not work.get_future().done()
-        ]
+        try:
+            yield
+        finally:
+            dist.all_reduce = original
+        unfinished = [call["index"] for call, work, _ in noted if not work.get_future().done()]
         if unfinished:
             raise RuntimeError(
                 f"all_reduce call(s) {unfinished} had not finished when the block ended: "
                 "wait for every asynchronous all_reduce inside the block"
             )
-        for _, _, done in self._noted:
+        for _, _, done in noted:
             done.wait()  # its callback has noted the time (it may run just after work.wait())
-        if self.calls:
-            self.calls[-1]["last"] = True
-        record(self.prefix + "buckets", {"buckets": self.calls, "ready": self.ready}, self.step)
+        if calls:
+            calls[-1]["last"] = True
+        record(self.prefix + "buckets", {"buckets": calls, "ready": self.ready}, step)
 
     def _noter(self, name: str) -> Callable[[torch.Tensor], None]:
         def note_ready(_param: torch.Tensor) -> None:

@@ -214,8 +214,9 @@ def bucket_timeline(run: RunResult | Records, step: int = -1, prefix: str = "") 
             y = top + height * (b["index"] + 1.5)
             ax.barh(y, width, left=left, height=height * 0.85, edgecolor="black", lw=0.5,
                     color=BUCKET_COLORS[b["index"] % len(BUCKET_COLORS)])  # fmt: skip
-            ax.text(left + width, y, f" bucket {b['index']}: {len(b['params'])} tensors, "
-                    f"{b['numel']:,} numbers", va="center", fontsize=7)  # fmt: skip
+            what = f"{len(b['params'])} tensors, " if b["params"] else ""  # unknown: by hand
+            ax.text(left + width, y, f" bucket {b['index']}: {what}{b['numel']:,} numbers",
+                    va="center", fontsize=7)  # fmt: skip
     ax.set_yticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
     ax.set_ylim(len(per_rank) - 0.5, -0.5)
     ax.set_xlabel("ms since the first gradient was ready (bars: a bucket's all-reduce in flight)")
@@ -260,7 +261,8 @@ def ring_allreduce(ranks: int = 4) -> Figure:
         ax.set_xticks(range(ranks), [f"c{c}" for c in range(ranks)], fontsize=7)
         ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)], fontsize=7)
     fig.suptitle(
-        f"Ring all-reduce on {ranks} ranks: each rank sends 2(N-1)/N of its data, whatever N",
+        f"Ring all-reduce on {ranks} ranks: each rank sends 2(N-1)/N times its data, under 2x "
+        "for any N",
         fontsize=10,
     )
     fig.tight_layout()

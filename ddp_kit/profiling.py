@@ -8,10 +8,12 @@ use), as the dict that `torch.profiler.profile.export_chrome_trace` writes. In t
 `ddp_kit.tracing` merges the ranks' traces into one, a row per rank, draws it and saves a file
 that Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
-What it shows: the CPU operators this rank's threads ran (torch's own, and DDP's
-`record_function` ranges), and gloo's collectives as `gloo:all_reduce` ranges on gloo's
-threads, from the moment gloo starts one to its end; with CUDA, the GPU kernels too (nccl's
-among them). Python code between operators is not shown (with_stack is off: it costs much).
+What it shows: the CPU operators run by the thread that profiles and by the threads working
+for it (autograd's, and gloo's: its collectives appear as `gloo:all_reduce` ranges on gloo's
+threads, from the moment gloo starts one to its end), with DDP's `record_function` ranges; a
+thread the code starts itself is not recorded. With CUDA initialised before the block, the GPU
+kernels too (nccl's among them). Python code between operators is not shown (with_stack is
+off: it costs much).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def profiled(name: str) -> Iterator[None]:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # before the block starts
         activities.append(ProfilerActivity.CUDA)
     profiler = profile(activities=activities)
     profiler.start()

@@ -7,8 +7,11 @@ trace          a Chrome trace as a dict: what `json.load` reads from the file a 
                dicts with a phase "ph" ("X": a complete event, with "ts" and "dur" in
                microseconds; "M": metadata such as a process's name), a "pid" and a "tid".
 merged trace   the ranks' traces in one (`merge`): rank r is process r, on one time axis.
-main thread    the thread that runs a rank's forward and backward (its Python thread).
-compute        the main thread's top-level operators (`cpu_op` events nested in no other).
+main thread    the thread that runs a rank's forward and backward (its Python thread; on CPU.
+               With CUDA, backward runs on autograd's device thread: this module is for gloo
+               traces of CPU training).
+compute        the main thread's top-level operators (`cpu_op` events nested in no other),
+               less the time they spent launching a collective (`spans`).
 communication  the collectives' events: names starting "gloo:" or "nccl:". With gloo they run
                on gloo's own threads for their real duration; with nccl and CPU profiling only,
                they mark the launch, not the transfer on the GPU.
@@ -82,11 +85,19 @@ def _metadata(name: str, rank: int, args: dict) -> dict:
     return {"ph": "M", "name": name, "pid": rank, "tid": 0, "ts": 0.0, "args": args}
 
 
-def from_records(records, name: str, step: int = -1) -> dict:
-    """The merged trace of what every rank recorded under `name` (`%%ranks --profile NAME`,
-    or ddp_kit.profiling.profiled(NAME) in a script) at `step` (default: the last)."""
-    step = records.steps(name)[step]
-    return merge([records.get(name, step, rank) for rank in range(records.world_size)])
+def from_records(records, name: str, which: int = -1) -> dict:
+    """The merged trace of what the ranks recorded under `name` (`%%ranks --profile NAME`, or
+    ddp_kit.profiling.profiled(NAME) in a script): each rank's `which`-th trace of that name
+    (default: its last), for every rank that recorded one (`%%ranks --on 0 --profile` profiles
+    only rank 0)."""
+    traces = []
+    for rank, recorded in enumerate(records.per_rank):
+        steps = sorted(recorded.get(name, {}))
+        if steps:
+            traces.append(records.get(name, steps[which], rank))
+    if not traces:
+        raise ValueError(f"no rank recorded a trace named {name!r}")
+    return merge(traces)
 
 
 def save(trace: dict, path) -> Path:
@@ -102,16 +113,27 @@ def spans(trace: dict, rank: int) -> dict[str, list[Interval]]:
     """{"compute": [...], "communication": [...]}: (start_us, end_us) of a merged trace's rank.
 
     communication: the collectives' events, on any thread. compute: the main thread's cpu_op
-    events nested in no other cpu_op, less the collectives' launches (names starting "c10d::").
-    The main thread is the one of the "DistributedDataParallel.forward" annotation when there
-    is one, else the one with the most cpu_op time.
+    events nested in no other cpu_op, less the time of the collectives' launches within them
+    (names starting "c10d::": DDP launches a bucket's all-reduce inside the AccumulateGrad op of
+    its last gradient, and handing it to gloo is not computing). The main thread is the one of
+    the "DistributedDataParallel.forward" annotation when there is one, else the one with the
+    most cpu_op time. For gloo traces only: ValueError for nccl's, whose CPU events mark only
+    the launches (profile the GPU's kernels, and use Holistic Trace Analysis).
     """
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("pid") == rank]
     communication = [_interval(e) for e in events if e["name"].startswith(COLLECTIVE_PREFIXES)]
+    if any(e["name"].startswith("nccl:") for e in events):
+        raise ValueError(
+            "an nccl trace: its CPU events mark only the collectives' launches, so this "
+            "overlap would mean nothing; profile with ProfilerActivity.CUDA and analyse the "
+            "GPU kernels (Holistic Trace Analysis does)"
+        )
     main = _main_thread(events)
     ops = [e for e in events if e.get("cat") == "cpu_op" and e.get("tid") == main]
-    compute = [_interval(e) for e in _top_level(ops) if not e["name"].startswith(LAUNCH_PREFIX)]
-    return {"compute": compute, "communication": sorted(communication)}
+    launches = [_interval(e) for e in ops if e["name"].startswith(LAUNCH_PREFIX)]
+    top = [_interval(e) for e in _top_level(ops) if not e["name"].startswith(LAUNCH_PREFIX)]
+    return {"compute": _subtract(_union(top), _union(launches)),
+            "communication": sorted(communication)}  # fmt: skip
 
 
 def _interval(event: dict) -> Interval:
@@ -143,7 +165,8 @@ def _top_level(events: list[dict]) -> list[dict]:
 
 def overlap_share(compute: Sequence[Interval], communication: Sequence[Interval]) -> float:
     """The time during which communication runs while compute runs too, over all communication
-    time, as Holistic Trace Analysis defines comm/comp overlap. Each list is first taken as the
+    time: Holistic Trace Analysis's formula for comm/comp overlap (which HTA applies to GPU
+    kernels; here, to a CPU trace's events). Each list is first taken as the
     union of its intervals (time two of them share counts once). From 0.0 (nothing hidden) to
     1.0 (all of it hidden); ValueError if there is no communication."""
     total = _length(_union(communication))
@@ -161,6 +184,21 @@ def _union(intervals: Sequence[Interval]) -> list[Interval]:
         else:
             merged.append([start, end])
     return [(start, end) for start, end in merged]
+
+
+def _subtract(union: Sequence[Interval], holes: Sequence[Interval]) -> list[Interval]:
+    """The parts of a union (sorted, disjoint) outside the holes (sorted, disjoint)."""
+    kept: list[Interval] = []
+    for start, end in union:
+        for hole_start, hole_end in holes:
+            if hole_end <= start or hole_start >= end:
+                continue
+            if hole_start > start:
+                kept.append((start, hole_start))
+            start = max(start, hole_end)
+        if start < end:
+            kept.append((start, end))
+    return kept
 
 
 def _length(union: Sequence[Interval]) -> float:

@@ -111,20 +111,21 @@ def test_spans_take_the_main_threads_top_level_ops_and_the_collectives():
         op("aten::linear", 5.0, 40.0),
         op("aten::addmm", 10.0, 30.0),  # nested in aten::linear
         op("autograd::engine::evaluate_function: AddmmBackward0", 60.0, 30.0),
-        op("c10d::allreduce_", 70.0, 5.0),  # nested: dropped with its parent's inside
+        op("c10d::allreduce_", 70.0, 5.0),  # nested: its time is cut out of its parent
         op("c10d::allreduce_", 95.0, 3.0),  # top level, but a launch: not compute
         op("gloo:all_reduce", 72.0, 40.0, tid=2, cat="user_annotation"),
         op("aten::busy_elsewhere", 0.0, 500.0, tid=3),  # more cpu_op time, not the main thread
     ]
     merged = merge([small_trace(0, 0, events)])
     found = spans(merged, 0)
-    assert found == {"compute": [(5.0, 45.0), (60.0, 90.0)], "communication": [(72.0, 112.0)]}
-    assert overlap_share(found["compute"], found["communication"]) == pytest.approx(18 / 40)
+    assert found == {"compute": [(5.0, 45.0), (60.0, 70.0), (75.0, 90.0)],
+                     "communication": [(72.0, 112.0)]}  # fmt: skip
+    assert overlap_share(found["compute"], found["communication"]) == pytest.approx(15 / 40)
 
 
 def test_without_the_ddp_annotation_the_main_thread_is_the_busiest():
     events = [op("aten::mm", 0.0, 10.0, tid=1), op("aten::mm", 0.0, 30.0, tid=3),
-              op("nccl:all_reduce", 20.0, 20.0, tid=3, cat="user_annotation")]  # fmt: skip
+              op("gloo:all_reduce", 20.0, 20.0, tid=3, cat="user_annotation")]  # fmt: skip
     found = spans(merge([small_trace(0, 0, events)]), 0)
     assert found == {"compute": [(0.0, 30.0)], "communication": [(20.0, 40.0)]}
 
@@ -169,3 +170,43 @@ def test_timeline_draws_one_row_per_rank(real):
         assert ax.get_title().startswith(f"rank {rank}: ")
         assert "%" in ax.get_title()
         assert len(ax.collections) == 2  # the compute lane and the communication lane
+
+
+def test_compute_leaves_out_the_collectives_launches_inside_an_op():
+    """DDP launches a bucket's all-reduce inside AccumulateGrad: that launch is not compute."""
+    op = {"ph": "X", "cat": "cpu_op", "pid": 0, "tid": 1}
+    events = [
+        {
+            **op,
+            "name": "autograd::engine::evaluate_function: AccumulateGrad",
+            "ts": 0.0,
+            "dur": 100.0,
+        },
+        {**op, "name": "c10d::allreduce_", "ts": 20.0, "dur": 70.0},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": 0,
+            "tid": 2,
+            "name": "gloo:all_reduce",
+            "ts": 30.0,
+            "dur": 100.0,
+        },
+    ]
+    lanes = spans({"traceEvents": events}, 0)
+    assert lanes["compute"] == [(0.0, 20.0), (90.0, 100.0)]
+    assert overlap_share(**lanes) == pytest.approx(10.0 / 100.0)
+
+
+def test_an_nccl_trace_is_refused():
+    event = {
+        "ph": "X",
+        "cat": "user_annotation",
+        "pid": 0,
+        "tid": 2,
+        "name": "nccl:all_reduce",
+        "ts": 0.0,
+        "dur": 1.0,
+    }
+    with pytest.raises(ValueError, match="nccl"):
+        spans({"traceEvents": [event]}, 0)

@@ -197,7 +197,7 @@ def cell_parser() -> MagicParser:
         metavar="NAME",
         default=None,
         help="record a torch.profiler trace of the cell on every rank as record NAME; "
-        "ddp_kit.tracing.merge(session.records, NAME) puts them side by side",
+        "ddp_kit.tracing.from_records(session.records, NAME) puts them side by side",
     )
     return parser  # fmt: skip
 
