@@ -13,6 +13,7 @@ import random
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 import psutil
@@ -44,6 +45,15 @@ seen = {
 }
 print(json.dumps(seen), flush=True)
 print(f"stderr of rank {os.environ['RANK']}", file=sys.stderr, flush=True)
+# Rank 1 ends only once rank 0 has printed: its end makes torchrun stop rank 0, maybe sooner.
+printed = os.path.join(os.environ["DDP_KIT_RECORD_DIR"], "..", "rank0-printed")
+if os.environ["RANK"] == "0":
+    open(printed, "w").close()
+elif sys.argv[1:2]:
+    for _ in range(300):
+        if os.path.exists(printed):
+            break
+        time.sleep(0.05)
 if os.environ["RANK"] == "1" and sys.argv[1:2] == ["exit"]:
     sys.exit(int(sys.argv[2]))
 if os.environ["RANK"] == "1" and sys.argv[1:2] == ["kill"]:
