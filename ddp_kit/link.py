@@ -6,7 +6,8 @@ and bucketing seems not to matter. To see what it does on a real network, `slow_
 makes each bucket's all-reduce take as long as it would on a named link, and no less:
 
 1. it runs the REAL all-reduce (PyTorch's `allreduce_hook`: divide by the world size, sum), so
-   the gradients are exactly those DDP computes without a hook;
+   the gradients are exactly those DDP computes without a hook when the world size is a power
+   of two (otherwise they may differ in the last bit: DDP multiplies by 1/N, the hook divides);
 2. it works out when the bucket would be through the link: the link carries one bucket at a
    time, so bucket k goes on the wire when it is launched or when bucket k-1 is through,
    whichever is later, and takes `EmulatedLink.model.seconds(bytes)` there;

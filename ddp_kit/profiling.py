@@ -9,11 +9,11 @@ use), as the dict that `torch.profiler.profile.export_chrome_trace` writes. In t
 that Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
 What it shows: the CPU operators run by the thread that profiles and by the threads working
-for it (autograd's, and gloo's: its collectives appear as `gloo:all_reduce` ranges on gloo's
-threads, from the moment gloo starts one to its end), with DDP's `record_function` ranges; a
-thread the code starts itself is not recorded. With CUDA initialised before the block, the GPU
-kernels too (nccl's among them). Python code between operators is not shown (with_stack is
-off: it costs much).
+for it (gloo's: its collectives appear as `gloo:all_reduce` ranges on gloo's threads, from the
+moment gloo starts one to its end; with CUDA, autograd's device threads), with DDP's
+`record_function` ranges; a thread the code starts itself is not recorded. With CUDA
+initialised before the block, the GPU kernels too (nccl's among them). Python code between
+operators is not shown (with_stack is off: it costs much).
 """
 
 from __future__ import annotations

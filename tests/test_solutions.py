@@ -1,8 +1,10 @@
 """Every exercise's solution (tests/solutions.py) makes its notebook's check say "Correct!", and
 a wrong answer, run first as a student would, makes it say "Not quite" or "Not yet".
 
-Only the cells an exercise needs are run, in a fresh kernel per live-ranks notebook and one
-kernel for the rest, from the notebook's folder (as Jupyter runs it)."""
+Only the cells an exercise needs are run, from the notebook's folder (as Jupyter runs it), in one
+kernel for the whole module whose namespace is emptied (`%reset -f`) before each group: the
+notebooks without live ranks together, then each live-ranks notebook, whose live ranks are
+stopped after it. (One kernel: each fresh one would import torch again for its fork server.)"""
 
 from __future__ import annotations
 
@@ -52,12 +54,20 @@ def edited(exercise: Exercise, source: str, answer: str) -> str:
     return source.replace(exercise.edit, answer)
 
 
-@pytest.mark.parametrize("group", list(GROUPS))
-def test_solutions_pass_their_checks_and_wrong_answers_fail(group):
+@pytest.fixture(scope="module")
+def kernel():
     client = NotebookClient(nbformat.v4.new_notebook(), timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})  # fmt: skip
     with client.setup_kernel():
-        kernel, done = Kernel(client), set()
+        yield Kernel(client)
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_solutions_pass_their_checks_and_wrong_answers_fail(group, kernel):
+    kernel.run("%reset -f")  # no variable of an earlier group: each needs only its own cells
+    done: set = set()
+    live = any(e.live for e in GROUPS[group])
+    try:
         for exercise in GROUPS[group]:
             notebook = nbformat.read(NOTEBOOKS / f"{exercise.notebook}.ipynb", as_version=4)
             cells = [cell.source for cell in notebook.cells]
@@ -67,7 +77,8 @@ def test_solutions_pass_their_checks_and_wrong_answers_fail(group):
                     done.add((exercise.notebook, index))
             verdicts = {}
             for name in ("wrong", "right"):
-                said = kernel.run(edited(exercise, cells[exercise.cell], getattr(exercise, name)))
+                answer = getattr(exercise, name)
+                said = kernel.run(edited(exercise, cells[exercise.cell], answer))
                 for index in exercise.check:
                     said = kernel.run(cells[index])
                 verdicts[name] = said
@@ -77,5 +88,8 @@ def test_solutions_pass_their_checks_and_wrong_answers_fail(group):
             assert "Correct!" not in wrong and ("Not quite" in wrong or "Not yet" in wrong), (
                 where, wrong,
             )  # fmt: skip
-        if any(e.live for e in GROUPS[group]):
+        if live:
             assert "live ranks stopped" in kernel.run("%ranks stop")
+    finally:
+        if live:
+            kernel.run("%ranks stop")  # (again, harmless) also when the group failed

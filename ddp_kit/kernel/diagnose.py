@@ -225,11 +225,13 @@ def connect_retry_note(failures: Sequence[RankFailure], printed: bool, again: st
 def say(note: str) -> None:
     """Show a note under the cell (stderr). With DDP_KIT_NOTES_FILE set (the test run) it is
     appended to that file instead, so compared notebook outputs stay the same; the test run
-    prints the file at its end."""
+    prints the file at its end), with where it came from: pytest's current test, or the
+    working directory of the kernel that launched (a notebook's folder)."""
     notes_file = os.environ.get(contract.NOTES_FILE)
     if notes_file:
+        origin = os.environ.get("PYTEST_CURRENT_TEST") or f"a kernel in {os.getcwd()}"
         with open(notes_file, "a", encoding="utf-8") as sink:
-            sink.write(f"[ddp_kit] note: {note}\n")
+            sink.write(f"[ddp_kit] note ({origin}): {note}\n")
     else:
         print(f"[ddp_kit] note: {note}", file=sys.stderr)
 
