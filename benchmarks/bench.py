@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(res, indent=2))
         return res
     ranks = [2] if args.smoke else [2, 4]
-    sizes = [1 << 10, 1 << 16] if args.smoke else [1 << k for k in range(10, 27, 2)]
+    sizes = [1 << 10, 1 << 22] if args.smoke else [1 << k for k in range(10, 27, 2)]
     res = {
         "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, gloo on 127.0.0.1",
         "launch": launch_overhead(ranks, repeats=1 if args.smoke else args.repeats),

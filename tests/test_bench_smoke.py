@@ -23,7 +23,7 @@ def test_benchmark_smoke(tmp_path, capsys):
     assert fast["bare_job_s"] > 0 and fast["plain_job_s"] > 0 and fast["fast_job_s"] > 0
     assert fast["fast_job_cpu_s"] > 0 and fast["server_uss_mib"] > 0
     rows = res["allreduce"][2]
-    assert [r["bytes"] for r in rows] == [1024, 65536]
+    assert [r["bytes"] for r in rows] == [1024, 4194304]
     assert all(r["busbw"] == pytest.approx(r["algbw"]) for r in rows)  # 2(N-1)/N = 1 for N=2
     fit = res["alpha_beta"][2]
     assert fit["alpha_s"] > 0 and fit["beta_s_per_byte"] > 0

@@ -147,6 +147,26 @@ def test_a_crash_after_the_script_completed_is_a_note_on_a_successful_result(cap
     assert "[ddp_kit] note: torchrun exited with code" in capfd.readouterr().err
 
 
+def test_a_completed_rank_keeps_its_destroyed_groups_until_it_exits():
+    """A comm hook's future callback, on a gloo thread, may hold the last reference to the
+    group; freeing the group there made its destructor join that thread ("Resource deadlock
+    avoided", 22 of 60 launches of tests/workers/autocast.py beside a CPU hog). The rank's end
+    keeps every destroyed group until os._exit: the exit handlers see them still kept."""
+    code = textwrap.dedent("""
+        import atexit, torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from ddp_kit.observe import GradientRecorder
+        from ddp_kit.rank import groups
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(4, 1))
+        GradientRecorder(model)
+        model(torch.randn(2, 4)).sum().backward()
+        dist.destroy_process_group()
+        atexit.register(lambda: print("kept", groups.kept(), flush=True))
+    """)
+    assert ddp_kit.launch(code, nproc=2, output="quiet").stdout == ["kept 1\n", "kept 1\n"]
+
+
 def test_a_crash_before_the_script_completed_is_an_error():
     code = "import os\nfrom ddp_kit.worker import rank\nif rank() == 1:\n    os.abort()\n"
     with pytest.raises(WorkerError, match="no rank raised a Python exception"):

@@ -58,14 +58,20 @@ def end_rank(namespace: dict) -> None:
     the interpreter's teardown instead, gloo's threads can abort a rank whose work is done
     ("terminate called without an active exception"). Exit handlers still run, and files the
     script left open are closed when its namespace is freed.
+
+    The destroyed groups are never freed: os._exit ends their threads. Freed here, a group's
+    last reference could be dropped on one of its own gloo threads (a finished work's future
+    callback, such as a comm hook's, that holds an object holding the group), whose destructor
+    then joins that very thread: "terminate called after throwing an instance of
+    'std::system_error' what(): Resource deadlock avoided" (tests/workers/autocast.py with a
+    GradientRecorder: 22 of 60 launches beside a CPU hog, 0 of 60 since; tests/test_reliability.py).
     """
     worker.flush()
     markers.mark(markers.COMPLETED, worker.rank())
     worker.forget_flush_callbacks()
     namespace.clear()
     gc.collect()
-    _destroy_process_group()
-    groups.release()
+    _destroy_process_group()  # groups.install() keeps the destroyed groups: not released
     gc.collect()
     atexit._run_exitfuncs()
     sys.stdout.flush()
