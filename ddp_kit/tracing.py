@@ -114,9 +114,10 @@ def spans(trace: dict, rank: int) -> dict[str, list[Interval]]:
 
     communication: the collectives' events, on any thread. compute: the main thread's cpu_op
     events nested in no other cpu_op, less the time of the collectives' launches within them
-    (names starting "c10d::": DDP launches a bucket's all-reduce inside the autograd engine's
-    `evaluate_function: AccumulateGrad` range of the gradient that completes the bucket, and
-    handing it to gloo is not computing). The main thread is the one of
+    (names starting "c10d::": DDP launches a bucket's all-reduce inside the
+    `autograd::engine::evaluate_function: AccumulateGrad` range of the gradient after which it
+    can be launched, it and every earlier bucket being complete; handing it to gloo is not
+    computing). The main thread is the one of
     the "DistributedDataParallel.forward" annotation when there is one, else the one with the
     most cpu_op time. For gloo traces only: ValueError for nccl's, whose CPU events mark only
     the launches (profile the GPU's kernels, and use Holistic Trace Analysis).

@@ -225,8 +225,8 @@ def connect_retry_note(failures: Sequence[RankFailure], printed: bool, again: st
 def say(note: str) -> None:
     """Show a note under the cell (stderr). With DDP_KIT_NOTES_FILE set (the test run) it is
     appended to that file instead, so compared notebook outputs stay the same; the test run
-    prints the file at its end), with where it came from: pytest's current test, or the
-    working directory of the kernel that launched (a notebook's folder)."""
+    prints the file at its end, with an origin: PYTEST_CURRENT_TEST as this process sees it (in
+    a notebook kernel, the test during which the kernel started), else the working directory."""
     notes_file = os.environ.get(contract.NOTES_FILE)
     if notes_file:
         origin = os.environ.get("PYTEST_CURRENT_TEST") or f"a kernel in {os.getcwd()}"

@@ -18,9 +18,10 @@ reproductions and the rates.
    GIL before the group's destructor runs (both holders are in torch 2.13's libtorch_python).
    Fix: `destroy_process_group` keeps the Python ProcessGroup objects it removes, so a DDP
    model freed right after its step does not drop its group's last reference; `release()`
-   drops them, and with them, GIL released, the groups: at the end of the cell or the script,
-   or at the next destroy_process_group (a script that makes and destroys many groups keeps
-   one generation). A model that outlives that frees its group through the Reducer later:
+   drops them, and with them, GIL released, the groups: at the end of a live cell, or at the
+   next destroy_process_group (a script that makes and destroys many groups keeps one
+   generation); the last generation of a script is kept until the rank exits (runner.end_rank).
+   A model that outlives that frees its group through the Reducer later:
    normally long after its last work, but that path is neither guarded nor watched.
 2. A hang in the second `init_process_group`. Symptom: both ranks in
    `gloo::rendezvous::Context::connectFullMesh -> gloo::transport::tcp::Pair::waitUntilConnected`.

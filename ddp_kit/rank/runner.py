@@ -52,17 +52,19 @@ def import_path(script: str) -> list[str]:
 
 def end_rank(namespace: dict) -> None:
     """The script returned: save its records, mark the rank completed, free what the script
-    built while the interpreter is fully alive, then exit without the interpreter's teardown.
+    built (but its last process groups) while the interpreter is fully alive, then exit
+    without the interpreter's teardown.
 
     destroy_process_group() does not free a process group that DDP still holds; freed during
     the interpreter's teardown instead, gloo's threads can abort a rank whose work is done
     ("terminate called without an active exception"). Exit handlers still run, and files the
     script left open are closed when its namespace is freed.
 
-    The destroyed groups are never freed: os._exit ends their threads. Freed here, a group's
-    last reference could be dropped on one of its own gloo threads (a finished work's future
-    callback, such as a comm hook's, that holds an object holding the group), whose destructor
-    then joins that very thread: "terminate called after throwing an instance of
+    The groups still kept when the script returns (its last destroyed generation: rank.groups)
+    are never freed: os._exit ends their threads. Freed here, a group's last reference could
+    be dropped on one of its own gloo threads, by a future callback that a comm hook chained
+    with `.then` (GradientRecorder's holds the recorder, which holds the group), and the
+    group's destructor then joins that very thread: "terminate called after throwing an instance of
     'std::system_error' what(): Resource deadlock avoided" (tests/workers/autocast.py with a
     GradientRecorder: 22 of 60 launches beside a CPU hog, 0 of 60 since; tests/test_reliability.py).
     """
@@ -81,8 +83,8 @@ def end_rank(namespace: dict) -> None:
 
 def bootstrap(script: str | None = None) -> None:
     """Prepare a rank: die with the agent, short collective timeout, destroyed process groups
-    freed at a safe point (rank.groups), a bound on waits with no timeout (rank.waits), error
-    reports, clean exit.
+    freed at a safe point or kept until the rank exits (rank.groups), a bound on waits with no
+    timeout (rank.waits), error reports, clean exit.
 
     Reported tracebacks start at `script` (the runner's own frames are left out).
     """
