@@ -391,8 +391,9 @@ def check_half_bandwidth(answer: Any, fit: Any) -> bool | None:
 
 
 def check_one_bucket_overlap(trace: dict) -> bool | None:
-    """Profiler trace: the student's step has one all-reduce per rank (one bucket), and under
-    20 % of its time overlaps compute."""
+    """Profiler trace: the student's step has one all-reduce per rank (one bucket, launched once
+    backward has made every gradient); its overlap shares are shown, not judged (a rank that
+    launched first may show some: its gloo range includes waiting for the other)."""
     from . import tracing
 
     lanes = {rank: tracing.spans(trace, rank) for rank in tracing.ranks(trace)}
@@ -401,15 +402,11 @@ def check_one_bucket_overlap(trace: dict) -> bool | None:
         print(f"Not quite: all-reduces per rank: {calls}. One bucket must hold all 3.16 MB of "
               "gradients: bucket_cap_mb is in MiB.")  # fmt: skip
         return False
-    shares = {rank: tracing.overlap_share(**lane) for rank, lane in lanes.items()}
-    ok = all(share < 0.2 for share in shares.values())
-    print(
-        "Correct! One all-reduce per rank, started when backward had ended: nothing left to "
-        "overlap with."
-        if ok
-        else f"Not quite: one all-reduce, but overlap shares {shares}."
-    )
-    return ok
+    shares = ", ".join(f"rank {rank} {tracing.overlap_share(**lane):.0%}"
+                       for rank, lane in lanes.items())  # fmt: skip
+    print("Correct! One all-reduce per rank, launched when backward had made every gradient: "
+          f"little or nothing left to overlap with (overlap share: {shares}).")  # fmt: skip
+    return True
 
 
 def check_bucket_count(answer: Any, built: list[int]) -> bool | None:
