@@ -192,11 +192,11 @@ def allreduce(ranks: list[int], sizes: list[int]) -> dict:
     for nproc in ranks:
         _, stdout = kit_launch(script, nproc, [str(s) for s in sizes])
         times = bench_line(stdout)["seconds"]
-        bus_factor = 2 * (nproc - 1) / nproc  # nccl-tests: busbw = algbw * 2(N-1)/N
         out[nproc] = [
-            {"bytes": size, "seconds": t, "algbw": size / t, "busbw": size / t * bus_factor}
+            {"bytes": size, "seconds": t, "algbw": float(costmodel.algbw(size, t)),
+             "busbw": float(costmodel.busbw(size, t, nproc))}
             for size, t in zip(sizes, times, strict=True)
-        ]
+        ]  # fmt: skip
     return out
 
 
