@@ -9,7 +9,8 @@ rank     one of the processes that run the student's code, numbered 0 .. world s
 agent    the torchrun process of one node, which starts that node's ranks and watches them.
 node     one machine of a job; here every node is on 127.0.0.1 (--nnodes starts several agents).
 backend  the process group's communication library: "gloo" (CPU) or "nccl" (one GPU per rank).
-         worker.backend() is the string init_process_group takes for it.
+         worker.backend() is the string init_process_group takes for it. (A check of a machine
+         with too few GPUs can ask for gloo on the GPUs, shared: DDP_KIT_SHARED_GPU=1.)
 run      one torchrun job, with its private run directory (shared.contract gives its layout).
 launch   a one-shot run: ranks start, run a script (or a %%torchrun cell) and end.
 session  a run whose ranks stay up between cells (Session, %ranks); a cell runs in one

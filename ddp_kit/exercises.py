@@ -72,7 +72,8 @@ def check_batch_count(size: int, batch_size: int, answer: int | None) -> bool | 
 
 
 def check_shard(size: int, ranks: int, rank: int, answer: list[int] | None) -> bool | None:
-    """Step 2: which indices does DistributedSampler (shuffle=False) give `rank`?"""
+    """Step 2: which indices does DistributedSampler (shuffle=False) give `rank`? The set is
+    what counts; any order is accepted (the sampler's own order is said)."""
     from torch.utils.data.distributed import DistributedSampler
 
     sampler = DistributedSampler(range(size), num_replicas=ranks, rank=rank, shuffle=False)
@@ -81,9 +82,10 @@ def check_shard(size: int, ranks: int, rank: int, answer: list[int] | None) -> b
         answer = _index_list(answer)
     explain = (
         f"rank {rank} takes every {ranks}th index from {rank} on; the list is first padded "
-        "by repeating its start up to a multiple of the ranks."
+        f"by repeating its start up to a multiple of the ranks. In the sampler's order: {correct}."
     )
-    return _verdict(answer, correct, explain)
+    return _verdict(answer, correct, explain,
+                    accept=lambda a: isinstance(a, list) and sorted(a) == sorted(correct))
 
 
 def check_parameter_count(answer: int | None) -> bool | None:
@@ -117,28 +119,59 @@ def check_average(local_values: list[float], answer: float | None) -> bool | Non
     return _verdict(answer, correct, explain, close=True)
 
 
-def check_no_repeats(parts: list[list[int]], size: int) -> bool | None:
-    """Shards: equal parts and no sample in two of them (drop_last=True does it)."""
+def check_no_repeats(
+    parts: list[list[int]], size: int, ranks: int = 4, options: dict | None = None
+) -> bool | None:
+    """Shards: the `ranks` samplers of the `size`-sample dataset give equal parts and no sample
+    in two of them, leaving out exactly size % ranks samples (drop_last=True does it). With
+    `options`, the parts must be what DistributedSampler gives with them on that dataset (so
+    that only the options were changed, not the dataset or the samplers)."""
     sizes = [len(part) for part in parts]
-    everything = [i for part in parts for i in part]
+    everything = [int(i) for part in parts for i in part]
     repeats = len(everything) - len(set(everything))
-    ok = len(set(sizes)) == 1 and repeats == 0
-    left_out = size - len(set(everything))
+    left_out = size - len(set(everything) & set(range(size)))
     print(f"samples per rank: {sizes}; repeated: {repeats}; left out: {left_out}")
-    print("Correct! drop_last leaves the tail out instead of repeating the start (a different "
-          "tail each epoch when shuffled)." if ok else "Not yet: look at DistributedSampler's "
-          "options for the tail of the dataset.")  # fmt: skip
-    return ok
+    problems = []
+    if len(parts) != ranks:
+        problems.append(f"{len(parts)} parts, not one for each of the {ranks} ranks")
+    if any(not 0 <= i < size for i in everything):
+        problems.append(f"indices outside the {size}-sample dataset")
+    if len(set(sizes)) > 1 or repeats:
+        problems.append("parts of different sizes or samples given twice")
+    elif left_out != size % ranks:
+        problems.append(f"{left_out} samples left out, not {size % ranks} ({size} % {ranks})")
+    if options is not None and not problems:
+        from torch.utils.data.distributed import DistributedSampler
+
+        samplers = [DistributedSampler(range(size), num_replicas=ranks, rank=r, **options)
+                    for r in range(ranks)]  # fmt: skip
+        if [[int(i) for i in part] for part in parts] != [list(s) for s in samplers]:
+            problems.append(f"these are not the parts DistributedSampler gives the {ranks} "
+                            f"ranks of the {size}-sample dataset with {options}")  # fmt: skip
+    if not problems:
+        print("Correct! drop_last leaves the tail out instead of repeating the start (a different "
+              "tail each epoch when shuffled).")  # fmt: skip
+    else:
+        print("Not yet: " + "; ".join(problems) + ". Keep the dataset and the four samplers; "
+              "look at DistributedSampler's options for the tail of the dataset.")  # fmt: skip
+    return not problems
 
 
-def check_hand_average(grad: Any, ddp_grad: Any) -> bool | None:
-    """All-reduce by hand: all_reduce(SUM) then divide by the number of ranks is DDP's."""
-    grad, ddp_grad = np.asarray(grad), np.asarray(ddp_grad)
-    if np.allclose(grad, ddp_grad, atol=1e-6):
-        print("Correct! Sum over ranks, then divide by their number: DDP's average.")
+def check_hand_average(grads: Any, ddp_grad: Any) -> bool | None:
+    """All-reduce by hand: all_reduce(SUM) then divide by the number of ranks is DDP's, on
+    every rank. `grads`: every rank's gradient (one per rank, as session.pull gives them)."""
+    per_rank = [np.asarray(g) for g in grads]
+    ddp_grad = np.asarray(ddp_grad)
+    wrong = {r: g for r, g in enumerate(per_rank) if not np.allclose(g, ddp_grad, atol=1e-6)}
+    if not wrong:
+        print(f"Correct! Sum over ranks, then divide by their number: DDP's average, on all "
+              f"{len(per_rank)} ranks.")  # fmt: skip
         return True
-    ratio = float(np.dot(grad, ddp_grad) / np.dot(ddp_grad, ddp_grad))
-    print(f"Not yet: your gradient is {ratio:.2f} x DDP's. What does DDP do after the sum?")
+    ratios = ", ".join(
+        f"rank {r}: {float(np.dot(g, ddp_grad) / np.dot(ddp_grad, ddp_grad)):.2f} x DDP's"
+        for r, g in wrong.items())  # fmt: skip
+    print(f"Not yet ({ratios}). Every rank must hold the average: what does DDP do after the "
+          "sum, and on which ranks?")  # fmt: skip
     return False
 
 
@@ -149,22 +182,28 @@ def check_linear_lr(base_lr: float, ranks: int, answer: float | None) -> bool | 
 
 
 def check_hook_budget(records: Any, default_bytes: float, default_loss: float) -> bool | None:
-    """Hooks: the student's "mine" run sends <= 1/4 of the default bytes per step (after
-    PowerSGD's plain first steps) and ends within 10 % of the default's final loss."""
+    """Hooks: the student's "mine" run sends <= 1/4 of the default bytes per step in at least
+    half of its steps (PowerSGD starts compressing at `start`) and ends within 10 % of the
+    default's final loss."""
     if records is None:
         print("Not run yet: set `rank` in the cell above, run it, then run this cell again.")
         return None
-    sent = float(records["mine/sent"][-1, 0])
+    per_step = records["mine/sent"][:, 0].astype(float)
+    sent = float(per_step[-1])
+    compressed = int((per_step <= default_bytes / 4).sum())
     final = float(records["mine/loss"][-8:, 0].mean())
-    cheap, close = sent <= default_bytes / 4, final <= 1.1 * default_loss
-    print(f"your run: {sent:,.0f} bytes/step ({sent / default_bytes:.0%} of the default), "
-          f"final loss {final:.3f} (default {default_loss:.3f})")  # fmt: skip
+    cheap = sent <= default_bytes / 4 and 2 * compressed >= len(per_step)
+    close = final <= 1.1 * default_loss
+    print(f"your run: {sent:,.0f} bytes/step ({sent / default_bytes:.0%} of the default) in "
+          f"{compressed} of {len(per_step)} steps, final loss {final:.3f} (default "
+          f"{default_loss:.3f})")  # fmt: skip
     if cheap and close:
         print("Correct! Fewer bytes, and error feedback kept the loss close.")
     else:
-        print("Not quite: " + ("too many bytes; " if not cheap else "") +
+        print("Not quite: " + ("too many bytes, or too few steps compressed (at least half); "
+                               if not cheap else "") +
               ("the loss is more than 10 % above the default's." if not close else ""))  # fmt: skip
-    return cheap and close
+    return bool(cheap and close)
 
 
 def check_fewer_gathers(mine: dict[str, int], measured: dict[str, int]) -> bool | None:
@@ -292,15 +331,37 @@ def check_early_stop(records: Any, target: float) -> bool | None:
     if found != "None" or not loss < target:
         print(f"Not quite: first divergence {found}; loss over all ranks {loss:.3g}.")
         return False
+    expected = _first_step_below(target, world)
+    if steps[0] != expected:
+        print(f"Not quite: the ranks stopped together after {steps[0]} steps, but the loss over "
+              f"all ranks first fell below {target:g} at step {expected} (the mean of the "
+              "ranks' losses, the same number on every rank).")  # fmt: skip
+        return False
     print(f"Correct! Every rank stopped after {steps[0]} steps with the same weights, once "
           f"the loss over all ranks was below {target:g}.")  # fmt: skip
     return True
 
 
+def _first_step_below(target: float, world: int, size: int = 1024, batch: int = 8,
+                      lr: float = 0.1) -> int:
+    """How many steps notebook 18's `train_until` takes when it stops at the first step whose
+    loss over all ranks (the mean of their shards' losses) is below `target`: one process on
+    the global batches gives the same losses (DDP averages the equal shards' gradients)."""
+    from .reference import global_batches, single_process_run
+    from .toy import make_dataset, make_model
+
+    per_rank = [[list(range(r, size, world))[k * batch : (k + 1) * batch]
+                 for k in range(size // world // batch)] for r in range(world)]  # fmt: skip
+    losses = single_process_run(make_model(), make_dataset(size), global_batches(per_rank),
+                                lr).losses  # fmt: skip
+    return next((k + 1 for k, loss in enumerate(losses) if loss < target), len(losses))
+
+
 def check_own_ddp(records: Any, mine: str, reference: str) -> bool | None:
     """Build DDP yourself, (b): the student's per-parameter version gives DDP's gradients bit
-    for bit at every step, with one all-reduce per parameter, the first started before
-    backward had produced its last gradient (so, from a hook, while backward went on)."""
+    for bit at every step, with one asynchronous all-reduce per parameter (async_op=True: it
+    runs while backward goes on), the first started before backward had produced its last
+    gradient (so, from a hook)."""
     if f"{mine}/grad" not in records:
         print("Not run yet: run the cell above (with your `launch`), then this one.")
         return None
@@ -319,16 +380,20 @@ def check_own_ddp(records: Any, mine: str, reference: str) -> bool | None:
     step = records.get(f"{mine}/buckets", records.steps(f"{mine}/buckets")[-1], 0)
     parameters = len(step["ready"])  # the timeline notes when each parameter's gradient was ready
     early = min(c["launched"] for c in step["buckets"]) < max(step["ready"].values())
-    if calls != parameters or not early:
+    blocking = sum(not c.get("async", True) for c in step["buckets"])
+    if calls != parameters or not early or blocking:
         problems = ([f"{calls} all-reduce call(s) per step, not one per parameter ({parameters})"]
                     if calls != parameters else [])  # fmt: skip
         if not early:
             problems.append("every all-reduce started after backward: start each from its hook")
+        if blocking:
+            problems.append(f"{blocking} all-reduce(s) blocked backward until they were done: "
+                            "start each with async_op=True and wait in `finish`")  # fmt: skip
         print("Not yet: the gradients are right, but " + "; ".join(problems) + ".")
         return False
     print(
-        f"Correct! DDP's gradients bit for bit, {calls} all-reduces per step, the first one "
-        "started while backward was still computing."
+        f"Correct! DDP's gradients bit for bit, {calls} asynchronous all-reduces per step, the "
+        "first one started while backward was still computing."
     )
     return True
 
@@ -359,23 +424,23 @@ def check_bucket_choice(
 
 
 def check_ring(result: Any, expected: Any, sent: Any, predicted: float) -> bool | None:
-    """Ring all-reduce: the student's all-gather makes the ring equal dist.all_reduce bit for
-    bit (on whole numbers) on every rank, having sent 2(N-1)/N x S bytes per rank."""
+    """Ring all-reduce: the student's all-gather leaves in the tensor (summed in place through
+    its chunks) dist.all_reduce's sums, bit for bit on whole numbers, on every rank. The bytes
+    sent are shown, not judged: `exchange` counts them whatever the student does with them."""
     result, expected, sent = np.asarray(result), np.asarray(expected), np.asarray(sent)
-    equal, bytes_ok = np.array_equal(result, expected), bool((sent == predicted).all())
-    if equal and bytes_ok:
-        print(f"Correct! dist.all_reduce's sums on every rank, {int(predicted):,} bytes sent each.")
-    elif not equal:
+    equal = np.array_equal(result, expected)
+    if equal:
+        print(f"Correct! dist.all_reduce's sums on every rank, in place; each rank sent "
+              f"{int(sent.max()):,} bytes ({int(predicted):,} = 2(N-1)/N x S).")  # fmt: skip
+    else:
         wrong = int((result != expected).any(axis=-1).sum())
         print(
-            f"Not quite: {wrong} rank(s) do not hold the sum. In the all-gather, `received` is "
-            "a finished chunk: copy it into chunks[incoming] (adding would count again the "
-            "ranks already summed in that chunk)."
+            f"Not quite: {wrong} rank(s) do not hold the sum in the tensor. In the all-gather, "
+            "`received` is a finished chunk: copy it into chunks[incoming], in place (adding "
+            "would count again the ranks already summed in it; `chunks[incoming] = received` "
+            "only changes the list, not the tensor the chunks are views of)."
         )
-    else:
-        print(f"Not quite: the sums are right, but a rank sent {sent.max():,.0f} bytes, "
-              f"not {predicted:,.0f}.")  # fmt: skip
-    return equal and bytes_ok
+    return equal
 
 
 def check_half_bandwidth(answer: Any, fit: Any) -> bool | None:

@@ -110,6 +110,7 @@ class GradientRecorder:
             "index": bucket.index(),
             "numel": bucket.buffer().numel(),
             "dtype": str(bucket.buffer().dtype).removeprefix("torch."),
+            "device": bucket.buffer().device.type,
             "params": names,
             "last": bucket.is_last(),
             "launched": time.time(),
@@ -201,7 +202,7 @@ class AllReduceTimeline:
     before that code's (PyTorch runs a tensor's hooks in the order they were registered), so
     each gradient's ready time is noted before the all-reduce it may start. Inside
     `step(n)`, every `dist.all_reduce` call is timed: when it started and when it finished (an
-    asynchronous one: when its future completed). At the end of the block it records
+    asynchronous one, `async` noted: when its future completed). At the end of the block it records
     ``buckets`` under `prefix` at step n, in GradientRecorder's format, so that
     plots.bucket_timeline draws both alike; here a "bucket" is one all_reduce call, whatever
     tensor it was given (its `params` are not known: empty).
@@ -225,9 +226,10 @@ class AllReduceTimeline:
         def timed(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             call = {"index": len(calls), "numel": tensor.numel(), "params": [],
                     "dtype": str(tensor.dtype).removeprefix("torch."), "last": False,
-                    "launched": time.time()}  # fmt: skip
+                    "device": tensor.device.type, "launched": time.time()}  # fmt: skip
             calls.append(call)
             work = original(tensor, *args, **kwargs)
+            call["async"] = work is not None
             if work is None:  # a blocking call has finished when it returns
                 call["finished"] = time.time()
             else:

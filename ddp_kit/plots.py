@@ -194,7 +194,9 @@ BUCKET_COLORS = ["#bebada", "#8dd3c7", "#fdb462", "#80b1d3", "#fccde5", "#b3de69
 
 def bucket_timeline(run: RunResult | Records, step: int = -1, prefix: str = "") -> Figure:
     """One time axis per rank for one backward: a tick when each gradient was ready (the
-    backward computation) and a bar per bucket from its all-reduce's launch to its finish."""
+    backward computation) and a bar per bucket from its all-reduce's launch to its finish.
+    With CUDA tensors (nccl) the times are the CPU's: a collective's future completes once
+    it is queued on the GPU, so the bars end then, and the title says so."""
     records = as_records(run)
     name = prefix + "buckets"
     step = records.steps(name)[step]
@@ -219,8 +221,17 @@ def bucket_timeline(run: RunResult | Records, step: int = -1, prefix: str = "") 
                     va="center", fontsize=7)  # fmt: skip
     ax.set_yticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
     ax.set_ylim(len(per_rank) - 0.5, -0.5)
-    ax.set_xlabel("ms since the first gradient was ready (bars: a bucket's all-reduce in flight)")
-    ax.set_title(f"Step {step}: gradients ready in backward (ticks), bucket all-reduces (bars)")
+    title = f"Step {step}: gradients ready in backward (ticks), bucket all-reduces (bars)"
+    if any(b.get("device") == "cuda" for rank in per_rank for b in rank["buckets"]):
+        # Work.get_future: "For GPU work, fut.done() returns true only whether the operation
+        # has been enqueued". The GPU's own times are in the profiler's CUDA trace.
+        ax.set_xlabel("ms since the first gradient was ready, on the CPU (under nccl a bar "
+                      "ends once its all-reduce is queued on the GPU)")  # fmt: skip
+        title += "\nCUDA tensors: the CPU's clock, not the GPU's"
+    else:
+        ax.set_xlabel("ms since the first gradient was ready (bars: a bucket's all-reduce in "
+                      "flight)")  # fmt: skip
+    ax.set_title(title)
     fig.tight_layout()
     return fig
 

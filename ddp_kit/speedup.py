@@ -14,6 +14,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from .worker import device, device_ids
+
 
 def first_ranks_groups(sizes: Iterable[int]) -> dict[int, dist.ProcessGroup]:
     """A process group of ranks 0..n-1 for each n. Every rank must call this (it is collective)."""
@@ -28,15 +30,18 @@ def epoch_seconds(
     sync: bool = True,
 ) -> float | None:
     """Seconds one epoch over `data` takes when `group`'s ranks share it, `batch_size` per rank
-    (after one untimed warm-up step). sync=False runs every backward under no_sync(): the same
-    computation without the all-reduce. None on ranks outside the group."""
+    (after one untimed warm-up step), the model and the batches on this rank's device. sync=False
+    runs every backward under no_sync(): the same computation without the all-reduce. None on
+    ranks outside the group."""
     if dist.get_rank() not in dist.get_process_group_ranks(group):
         return None
     sampler = DistributedSampler(
         data, num_replicas=group.size(), rank=dist.get_rank(group), shuffle=False
     )
-    batches = list(DataLoader(data, batch_size=batch_size, sampler=sampler))
-    model = DDP(make_model(), process_group=group)
+    here = device()
+    batches = [(x.to(here), y.to(here))
+               for x, y in DataLoader(data, batch_size=batch_size, sampler=sampler)]
+    model = DDP(make_model().to(here), device_ids=device_ids(), process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -45,10 +50,16 @@ def epoch_seconds(
             nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
 
+    def settle() -> None:
+        """Wait for this rank's GPU (it runs behind the Python code), then for the group."""
+        if here.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier(group=group)
+
     step(*batches[0])  # warm-up: DDP rebuilds its buckets after the first step
-    dist.barrier(group=group)
+    settle()
     start = time.perf_counter()
     for x, y in batches:
         step(x, y)
-    dist.barrier(group=group)
+    settle()
     return time.perf_counter() - start

@@ -22,7 +22,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# collective name -> this rank's payload (the tensor it contributes): position, keyword
+# collective name -> this rank's payload (the tensor it contributes): position, keyword.
+# all_gather_single and reduce_scatter_single (what FSDP2 calls from torch 2.13) are absent from
+# older torch, whose FSDP2 calls all_gather_into_tensor and reduce_scatter_tensor: a name this
+# torch lacks is not wrapped.
 COUNTED = {
     "all_reduce": (0, "tensor"),
     "broadcast": (0, "tensor"),
@@ -56,7 +59,9 @@ class CollectiveCounter:
 
     def __enter__(self) -> CollectiveCounter:
         for op, payload in COUNTED.items():
-            original = getattr(dist, op)
+            original = getattr(dist, op, None)
+            if original is None:  # a collective of a newer torch
+                continue
             self._originals[op] = original
             setattr(dist, op, self._counting(op, *payload, original))
         return self

@@ -36,8 +36,9 @@ def world_size() -> int:
 
 
 def backend() -> str:
-    """What to pass to init_process_group: "gloo" on CPU; with one GPU per rank,
-    "cpu:gloo,cuda:nccl" (nccl for CUDA tensors, gloo for any CPU tensor a lesson reduces)."""
+    """What to pass to init_process_group: "gloo" (CPU tensors, and CUDA tensors in the shared
+    GPU mode); with one GPU per rank, "cpu:gloo,cuda:nccl" (nccl for CUDA tensors, gloo for
+    any CPU tensor a lesson reduces)."""
     return "cpu:gloo,cuda:nccl" if _on_gpus() else "gloo"
 
 
@@ -46,12 +47,21 @@ def _on_gpus() -> bool:
     return os.environ.get(contract.BACKEND) == "nccl"
 
 
+def _on_cuda() -> bool:
+    """Whether the launcher put the ranks on GPUs: nccl, or gloo on shared GPUs."""
+    return os.environ.get(contract.DEVICE, "cuda" if _on_gpus() else "cpu") == "cuda"
+
+
 def device():
-    """This rank's device: cuda:<index> under nccl, else the CPU."""
+    """This rank's device: cuda:<index> under nccl (one GPU each), cuda:<index mod GPUs> under
+    gloo on shared GPUs (DDP_KIT_SHARED_GPU=1: on one GPU, cuda:0 for every rank), else the
+    CPU."""
     import torch
 
-    if _on_gpus():
+    if _on_cuda():
         index = local_rank() + int(os.environ.get(contract.DEVICE_OFFSET, "0"))
+        if not _on_gpus():
+            index %= torch.cuda.device_count()
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")

@@ -9,7 +9,8 @@ check), so it has none.
 An exercise names its cells by index in the notebook: `setup`, the cells it needs run first (in
 order); `cell`, the one a student edits; `check`, the ones run after it, the last of which
 checks (none when the answer sits next to its check). `edit` is the text of `cell` that an
-answer replaces. Notebook 18's planted bug hangs its cell: tests/test_debugging.py runs that
+answer replaces; `more_wrong` holds other wrong answers (the outside reviews' among them), each
+an edit of its own. Notebook 18's planted bug hangs its cell: tests/test_debugging.py runs that
 exercise (`tested_in`), from the text here.
 """
 
@@ -28,6 +29,8 @@ class Exercise:
     wrong: str
     check: tuple[int, ...] = ()
     tested_in: str = "tests/test_solutions.py"
+    # more wrong answers, each an edit of the cell: (text, what replaces it), run before `right`
+    more_wrong: tuple[tuple[str, str], ...] = ()
 
     @property
     def live(self) -> bool:
@@ -67,16 +70,21 @@ EXERCISES = [
     Exercise("02_shards", (1,), 10, **answer("[2, 6, 0]"), wrong="answer = [2, 6]"),
     Exercise("02_shards", (1,), 12, edit="options = dict(shuffle=True, seed=0)",
              right="options = dict(shuffle=True, seed=0, drop_last=True)",
-             wrong="options = dict(shuffle=False, seed=0)"),
+             wrong="options = dict(shuffle=False, seed=0)",
+             more_wrong=(("for r in range(4)", "for r in range(2)"),   # 2 of the 4 samplers
+                         ("make_dataset(18)", "make_dataset(16)"))),   # a smaller dataset
     Exercise("03_model", (1,), 6, **answer("19"), wrong="answer = 16"),
-    Exercise("04_replication", (1,), 5, **answer("0"), wrong="answer = 1"),
+    Exercise("04_replication", (1,), 10, **answer("0"), wrong="answer = 1"),
     Exercise("05_placement", (1,), 5, **answer('"gloo"'), wrong='answer = "nccl"'),
     Exercise("06_forward", (1,), 16, **answer("8"), wrong="answer = 2"),
     Exercise("07_backward", (1,), 13, **answer("0.5"), wrong="answer = 2.0"),
     Exercise("08_allreduce", (1, 2, 3, 5), 31, check=(32,),
              edit="# adds up the four ranks' gradients",
              right="# adds up the four ranks' gradients\n    p.grad /= dist.get_world_size()",
-             wrong="# adds up the four ranks' gradients\n    p.grad /= 2"),
+             wrong="# adds up the four ranks' gradients\n    p.grad /= 2",
+             more_wrong=(("# adds up the four ranks' gradients",   # the average on rank 0 only
+                          "# adds up\n    if dist.get_rank() == 0:\n        p.grad /= 4"),
+                         ("dist.all_reduce(p.grad)", "dist.reduce(p.grad, dst=0); p.grad /= 4"))),
     Exercise("09_optimizer_step", (1, 2, 3, 11), 13, check=(14,),
              edit="        (mse(mine(x), y) / len(micro)).backward()",
              right="        last = i == len(micro) - 1\n"
@@ -87,18 +95,19 @@ EXERCISES = [
     Exercise("10_training_loop", (1,), 7, **answer("0.8"), wrong="answer = 0.1"),
     Exercise("10_training_loop", (1,), 9, check=(12,),
              edit="yours = totals[0] / totals[1]",
-             right="real = rank + torch.arange(len(losses)) * world < len(data)\n"
+             right="real = rank + torch.arange(len(losses), device=device()) * world < len(data)\n"
                    "mine = torch.stack([losses[real].sum(), real.sum().float()])\n"
                    "dist.all_reduce(mine)\n"
                    "yours = mine[0] / mine[1]",
              wrong="yours = losses.mean()"),
     Exercise("11_pitfalls_and_clusters", (1, 9, 10), 24, check=(25,),
-             edit="model = DDP(TwoHeads())",
-             right="model = DDP(TwoHeads(), find_unused_parameters=True)",
-             wrong="model = DDP(TwoHeads(), gradient_as_bucket_view=True)"),
+             edit="device_ids=device_ids())",
+             right="device_ids=device_ids(), find_unused_parameters=True)",
+             wrong="device_ids=device_ids(), gradient_as_bucket_view=True)"),
     Exercise("13_communication_hooks", (1, 2, 4, 9, 11), 20, check=(21,),
              edit="rank, start = None, 2", right="rank, start = 6, 24",
-             wrong="rank, start = 8, 16"),
+             wrong="rank, start = 8, 16",
+             more_wrong=(("rank, start = None, 2", "rank, start = 1, 47"),)),  # 1 step compressed
     Exercise("14_sharding_zero_fsdp", (1, 2, 4, 6, 8, 14), 16, check=(17,),
              edit="fully_shard(layer)", right="fully_shard(layer, reshard_after_forward=False)",
              wrong="fully_shard(layer, reshard_after_forward=True)"),
@@ -114,19 +123,28 @@ EXERCISES = [
              right="        mean = loss.detach().clone()  # decide on the loss over all ranks\n"
                    "        dist.all_reduce(mean)\n"
                    "        if mean.item() / world < target:\n",
-             wrong="        if loss.item() < target:\n", tested_in="tests/test_debugging.py"),
+             wrong="        if loss.item() < target:\n", tested_in="tests/test_debugging.py",
+             more_wrong=(("        if loss.item() < target:\n            break\n", ""),  # never
+                         ("        if loss.item() < target:\n",   # the sum, not the mean
+                          "        mean = loss.detach().clone()\n        dist.all_reduce(mean)\n"
+                          "        if mean.item() < target:\n"))),
     Exercise("19_build_ddp_yourself", (1, 2, 4, 6), 14, check=(15,),
              edit="        pass  # your code: divide, start the all-reduce, keep its handle",
              right="        param.grad /= dist.get_world_size()\n"
                    "        self.pending.append(dist.all_reduce(param.grad, async_op=True))",
-             wrong="        self.pending.append(dist.all_reduce(param.grad, async_op=True))"),
+             wrong="        self.pending.append(dist.all_reduce(param.grad, async_op=True))",
+             more_wrong=(("pass  # your code: divide, start the all-reduce, keep its handle",
+                          "param.grad /= dist.get_world_size()\n"
+                          "        dist.all_reduce(param.grad)"),)),   # blocking: no overlap
     Exercise("22_buckets_and_overlap", (1, 2, 4, 6, 17, 18), 22,
              edit="cap_mb = None", right="cap_mb = min(measured, key=measured.get)",
              wrong="cap_mb = 25"),
     Exercise("20_ring_allreduce", (1, 2, 4, 6, 7, 9), 14, check=(15,),
              edit="        pass  # your code: what to do with `received`",
              right="        chunks[incoming].copy_(received)",
-             wrong="        chunks[incoming] += received"),
+             wrong="        chunks[incoming] += received",
+             more_wrong=(("        pass  # your code: what to do with `received`",
+                          "        chunks[incoming] = received"),)),   # the list, not the tensor
     Exercise("21_allreduce_cost", (1, 2, 4, 5), 12,
              **answer("fits[4].alpha / fits[4].beta"), wrong="answer = 1024"),
     Exercise("23_profiler_trace", (1, 2, 4), 14, check=(15,),

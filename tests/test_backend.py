@@ -40,3 +40,44 @@ def test_default_timeout_is_30_minutes_except_for_plain_nccl():
     assert _get_default_timeout(Backend("cpu:gloo,cuda:nccl")) == timedelta(minutes=30)
     if dist.is_nccl_available():  # a torch build with NCCL
         assert _get_default_timeout(Backend("nccl")) == timedelta(minutes=10)
+
+
+def test_shared_gpu_mode_puts_gloo_on_the_gpus_when_they_are_too_few():
+    choice = choose_backend(4, "auto", gpus=1, shared_gpu=True)
+    assert (choice.backend, choice.device, choice.fallback) == ("gloo", "cuda", False)
+    assert "cuda:(i mod 1)" in choice.reason
+    # enough GPUs: nccl as always; no GPU or gloo asked for: gloo on CPU
+    assert choose_backend(4, "auto", gpus=4, shared_gpu=True).backend == "nccl"
+    assert choose_backend(4, "auto", gpus=0, shared_gpu=True).device == "cpu"
+    assert choose_backend(2, "gloo", gpus=1, shared_gpu=True).device == "cpu"
+
+
+def test_the_shared_gpu_switch_applies_to_this_machine_only(monkeypatch):
+    from ddp_kit.kernel import backend
+    from ddp_kit.shared import contract
+
+    monkeypatch.setattr(backend, "cuda_device_count", lambda: 1)
+    monkeypatch.setenv(contract.SHARED_GPU, "1")
+    assert choose_backend(2, "auto").device == "cuda"  # this machine: the switch holds
+    assert choose_backend(2, "auto", gpus=1).device == "cpu"  # another machine's question
+    monkeypatch.setenv(contract.SHARED_GPU, "0")
+    assert choose_backend(2, "auto").fallback
+
+
+def test_the_ranks_learn_the_device_kind_and_gpu_runs_start_plain(monkeypatch, tmp_path):
+    from ddp_kit import worker
+    from ddp_kit.kernel import fast_start
+    from ddp_kit.kernel.torchrun import rank_env
+    from ddp_kit.shared import contract
+
+    assert rank_env(tmp_path, "gloo", 60.0, None)[contract.DEVICE] == "cpu"
+    assert rank_env(tmp_path, "nccl", 60.0, None)[contract.DEVICE] == "cuda"
+    shared = rank_env(tmp_path, "gloo", 60.0, None, device="cuda")
+    assert not fast_start.wanted(shared)  # a fork server must not stand behind CUDA ranks
+    for key in (contract.BACKEND, contract.DEVICE):
+        monkeypatch.setenv(key, shared[key])
+    assert worker.backend() == "gloo" and worker._on_cuda()
+    monkeypatch.delenv(contract.DEVICE)  # a run from before the variable: gloo means CPU
+    assert not worker._on_cuda()
+    monkeypatch.setenv(contract.BACKEND, "nccl")
+    assert worker._on_cuda() and worker.backend() == "cpu:gloo,cuda:nccl"

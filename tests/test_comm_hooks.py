@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 import ddp_kit
 
@@ -38,8 +37,8 @@ def test_fp16_error_is_nonzero_and_within_float16_rounding(run):
     errors = relative_errors(run.records, "fp16")
     assert (errors > 0).all()
     # float16 keeps 11 significant bits (2**-11 ~ 4.9e-4 per rounding); a few roundings
-    # (the cast, the sum over ranks) stay well inside 1e-2 of the gradient's size
-    assert errors.max() < 1e-2
+    # (the cast, the sum over ranks) stay inside notebook 13's bound, 1e-3 of the gradient's size
+    assert errors.max() < 1e-3
 
 
 def test_powersgd_sends_fewer_bytes_and_approximates(run):
@@ -71,12 +70,10 @@ def test_recorder_notes_when_each_gradient_was_ready(run):
             assert bucket["launched"] >= max(seen["ready"][p] for p in bucket["params"])
 
 
-def test_bf16_hook_is_registered_exactly_when_the_build_has_cuda_and_nccl(run):
-    cuda_nccl = (torch.version.cuda or torch.version.hip) is not None and (
-        dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
-    )
-    xpu_xccl = dist.is_xccl_available() and torch.xpu.is_available()
-    registered = run.records["bf16/registered"][0]
-    assert (registered == int(cuda_nccl or xpu_xccl)).all()  # gloo group on every build
-    if torch.__version__.startswith("2.13.0") and torch.version.cuda is None:
-        assert (registered == 0).all()  # the kit's default CPU build refuses it
+def test_bf16_hook_is_refused_by_a_cpu_build_and_registered_by_a_cuda_build(run):
+    """What the student sees: a CPU-only torch build (the kit's default) refuses
+    bf16_compress_hook with its own TypeError (the worker fails on any other), a CUDA or ROCm
+    build (with NCCL, as PyPI's Linux wheels ship it) registers it, on a gloo group alike."""
+    gpu_build = torch.version.cuda is not None or torch.version.hip is not None
+    registered = run.records["bf16/registered"][0]  # [rank]
+    assert (registered == int(gpu_build)).all(), (torch.version.cuda, torch.version.hip)

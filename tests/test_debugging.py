@@ -95,7 +95,7 @@ def test_debug_info_names_the_unused_parameters_and_detail_with_ddp_is_said_to_c
     # torch 2.13: DDP's constructor on a group made under DETAIL kills the rank (SIGSEGV)
     with pytest.raises(WorkerError) as crashed:
         ddp_kit.launch(WORKERS / "unused.py", 2, debug="detail", output="quiet")
-    assert "no rank raised a Python exception" in str(crashed.value)
+    assert "process was killed by SIGSEGV (signal 11)" in str(crashed.value)
     assert diagnose.DETAIL_CRASH in str(crashed.value)
 
 
@@ -117,10 +117,16 @@ def test_the_debugging_exercise_hangs_as_planted_and_passes_with_its_solution(ca
             session.run(planted)
         session.run(after)
         assert exercises.check_early_stop(session.records, target=2.0) is False
+        for text, wrong in EXERCISE.more_wrong:  # stop together, but not when it should
+            assert planted.count(text) == 1
+            session.run(planted.replace(text, wrong))
+            session.run(after)
+            assert exercises.check_early_stop(session.records, target=2.0) is False
+        assert "Not quite: the ranks stopped together" in capsys.readouterr().out
         session.run(planted.replace(PLANTED, SOLUTION))
         session.run(after)
         assert exercises.check_early_stop(session.records, target=2.0) is True
-    assert "Correct! Every rank stopped after" in capsys.readouterr().out
+    assert "Correct! Every rank stopped after 6 steps" in capsys.readouterr().out
 
 
 def test_gloo_abort_and_shutdown_do_not_end_a_waiting_collective_its_timeout_does():

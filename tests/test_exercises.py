@@ -67,12 +67,68 @@ def test_edit_and_run_checks(capsys):
     assert exercises.check_accumulation(big, big, 1, 1) is True
     assert exercises.check_accumulation(big, big, 4, 1) is False
     assert exercises.check_accumulation(2 * big, big, 1, 1) is False
-    assert exercises.check_hand_average(big, big) is True
-    assert exercises.check_hand_average(4 * big, big) is False
-    assert "4.00 x DDP's" in capsys.readouterr().out
-    assert exercises.check_no_repeats([[0, 1], [2, 3]], size=5) is True
-    assert exercises.check_no_repeats([[0, 1, 2], [3, 0, 4]], size=5) is False
-    assert exercises.check_no_repeats([[0, 1, 2], [3, 4]], size=5) is False
+    assert exercises.check_hand_average([big] * 4, big) is True
+    assert exercises.check_hand_average([4 * big] * 4, big) is False
+    assert "rank 0: 4.00 x DDP's" in capsys.readouterr().out
+    # divided on rank 0 only (or dist.reduce to rank 0): the other ranks hold the sum
+    assert exercises.check_hand_average([big, 4 * big, 4 * big, 4 * big], big) is False
+    assert "rank 0" not in (said := capsys.readouterr().out) and "rank 3: 4.00" in said
+    assert exercises.check_no_repeats([[0, 1], [2, 3]], size=5, ranks=2) is True
+    assert exercises.check_no_repeats([[0, 1, 2], [3, 0, 4]], size=5, ranks=2) is False
+    assert exercises.check_no_repeats([[0, 1, 2], [3, 4]], size=5, ranks=2) is False
+
+
+def test_the_shard_and_no_repeats_checks_judge_what_the_review_found(capsys):
+    """The right set in any order is right; parts that leave out too much, or come from a
+    smaller dataset, are not (notebooks-review-3a, C1 and C2)."""
+    assert exercises.check_shard(10, 4, 2, [0, 2, 6]) is True
+    assert exercises.check_shard(10, 4, 2, {0, 2, 6}) is True
+    assert "In the sampler's order: [2, 6, 0]" in capsys.readouterr().out
+    assert exercises.check_shard(10, 4, 2, [0, 2, 2]) is False
+    from torch.utils.data.distributed import DistributedSampler
+
+    def parts(size, ranks=range(4), **options):
+        return [list(DistributedSampler(range(size), num_replicas=4, rank=r, shuffle=True,
+                                        seed=0, **options)) for r in ranks]  # fmt: skip
+
+    def check(parts, drop_last=False):
+        options = dict(shuffle=True, seed=0, **({"drop_last": True} if drop_last else {}))
+        return exercises.check_no_repeats(parts, size=18, options=options)
+
+    assert check(parts(18, drop_last=True), drop_last=True) is True
+    assert check(parts(18)) is False  # 2 repeated
+    assert check(parts(18, ranks=range(2))) is False  # 2 of the 4 samplers
+    assert "2 parts, not one for each of the 4 ranks" in capsys.readouterr().out
+    assert check(parts(16)) is False  # a smaller dataset: 2 left out, as drop_last would
+    assert "not the parts DistributedSampler gives" in capsys.readouterr().out
+
+
+def test_the_ring_check_reads_the_tensor_and_only_shows_the_bytes(capsys):
+    sums = np.arange(8.0).reshape(2, 4)  # [rank, number]
+    assert exercises.check_ring(sums, sums, [48, 48], 48) is True
+    assert "each rank sent 48 bytes" in capsys.readouterr().out
+    assert exercises.check_ring(sums, sums, [40, 48], 48) is True  # bytes are not judged
+    halves = sums.copy()
+    halves[1, :2] = 0  # a chunk never copied into the tensor (`chunks[i] = received`)
+    assert exercises.check_ring(halves, sums, [48, 48], 48) is False
+    assert "1 rank(s) do not hold the sum" in capsys.readouterr().out
+
+
+def test_the_own_ddp_check_wants_asynchronous_all_reduces_started_during_backward(capsys):
+    grads = np.ones((3, 2, 5))  # [step, rank, number]
+
+    def records(launched, asynchronous=True, calls=2):
+        buckets = [{"launched": t, "finished": t + 0.1, "async": asynchronous} for t in launched]
+        step = {"buckets": buckets, "ready": {"w": 1.0, "b": 2.0}}
+        per_rank = [{"mine/grad": dict(enumerate(grads[:, r])), "ddp/grad": dict(enumerate(
+            grads[:, r])), "mine/calls": {0: calls}, "mine/buckets": {0: step}} for r in range(2)]
+        return Records(per_rank)
+
+    assert exercises.check_own_ddp(records([1.0, 2.0]), "mine", "ddp") is True
+    assert exercises.check_own_ddp(records([1.0, 2.0], asynchronous=False), "mine", "ddp") is False
+    assert "2 all-reduce(s) blocked backward" in capsys.readouterr().out
+    assert exercises.check_own_ddp(records([2.5, 2.6]), "mine", "ddp") is False  # after backward
+    assert exercises.check_own_ddp(records([1.0, 2.0], calls=1), "mine", "ddp") is False
     before = {"all_gather_single": 200, "reduce_scatter_single": 400}
     assert exercises.check_fewer_gathers({**before, "all_gather_single": 100}, before) is True
     assert exercises.check_fewer_gathers(before, before) is False

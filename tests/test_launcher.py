@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -10,6 +14,8 @@ from support import WORKERS
 
 import ddp_kit
 from ddp_kit import LaunchConfigError, WorkerError
+from ddp_kit.kernel import torchrun
+from ddp_kit.shared import contract
 
 pytestmark = pytest.mark.torchrun
 
@@ -91,7 +97,16 @@ def test_the_same_error_on_every_rank_is_each_ranks_own():
     with pytest.raises(WorkerError) as caught:
         ddp_kit.launch("import no_such_module\n", nproc=2, output="quiet")
     message = str(caught.value)
-    assert "failed too: ModuleNotFoundError" in message or len(caught.value.result.failures) == 1
+    failures = caught.value.result.failures
+    first = caught.value.result.root_cause.rank
+    # at least one rank is named, with its own error
+    assert 1 <= len(failures) <= 2 and first in (0, 1)
+    assert message.startswith(f"Rank {first} failed with ModuleNotFoundError: No module named "
+                              "'no_such_module'")  # fmt: skip
+    # torchrun may stop the second rank before it reports; when both did, both are named
+    if len(failures) == 2:
+        assert sorted(f.rank for f in failures) == [0, 1]
+        assert f"(Rank(s) {1 - first} failed too: ModuleNotFoundError.)" in message
     assert "consequence" not in message and "collective" not in message
 
 
@@ -117,7 +132,8 @@ def test_function_worker_and_check_false():
         sys.exit(3 if rank() == 1 else 0)
 
     result = ddp_kit.launch(worker, nproc=2, check=False, output="quiet")
-    assert not result.ok and result.returncode != 0 and not result.failures
+    assert not result.ok and result.returncode != 0
+    assert [(f.rank, f.type, f.message) for f in result.failures] == [(1, "SystemExit", "3")]
     assert result.stdout == ["function worker on rank 0\n", "function worker on rank 1\n"]
 
 
@@ -178,3 +194,100 @@ def test_markers_are_read_back_by_stage(tmp_path, monkeypatch):
     markers.mark(markers.COMPLETED, 2)
     assert markers.ranks_marked(tmp_path, markers.STARTED) == [0, 2, 10]
     assert markers.ranks_marked(tmp_path, markers.COMPLETED) == [2]
+
+
+ENDS = """
+import os, signal, sys, time
+from ddp_kit.worker import rank
+print("started", rank(), flush=True)
+def end():
+    print("ending", flush=True)
+    {end}
+if rank() == 1:
+    end()
+time.sleep(3)
+"""
+
+
+@pytest.mark.parametrize("start", ["fast", "plain"])
+@pytest.mark.parametrize(
+    ("end", "said"),
+    [
+        ("sys.exit(3)", "SystemExit: 3"),
+        ("os._exit(1)", "Rank 1's process ended with exit code 1 without a Python exception"),
+        ("os.kill(os.getpid(), signal.SIGSEGV)",
+         "Rank 1's process was killed by SIGSEGV (signal 11), without a Python exception"),
+    ],
+)  # fmt: skip
+def test_a_rank_that_ends_without_raising_is_named_with_how_and_where(end, said, start):
+    env = {"DDP_KIT_FAST_START": "0"} if start == "plain" else None
+    with pytest.raises(WorkerError) as caught:
+        ddp_kit.launch(ENDS.format(end=end), nproc=2, env=env, output="quiet")
+    message, result = str(caught.value), caught.value.result
+    assert said in message and [f.rank for f in result.failures] == [1]
+    if end.startswith("sys.exit"):  # a Python exception: its traceback, as live ranks show it
+        assert message.startswith("Rank 1 failed with SystemExit: 3")
+        assert 'script.py", line 7, in end' in message
+    else:
+        assert "Its last lines:\n  [rank 1] started 1\n  [rank 1] ending" in message
+    if "SIGSEGV" in end:  # where it was: the script's lines, innermost last, none of the kit's
+        where = message.split("innermost last):\n")[1].split("\n\n")[0].splitlines()
+        assert [line.split(", ")[1:] for line in where] == [
+            ["line 9 in <module>"], ["line 7 in end"]
+        ]
+
+
+@pytest.mark.parametrize("args", ["5 2 'a b'", ["5", "2", "a b"], ("5", 2, "a b")])
+def test_args_are_a_list_of_words_or_one_string_split_as_a_shell_would(args):
+    code = "import sys\nprint(sys.argv[1:])\n"
+    result = ddp_kit.launch(code, nproc=1, args=args, output="quiet")
+    assert result.stdout == ["['5', '2', 'a b']\n"]
+
+
+@pytest.mark.parametrize("args", [{"epochs": 5}, 5, b"5 2", [["5"]], "5 'unclosed"])
+def test_other_args_are_refused_naming_both_forms(args):
+    with pytest.raises(LaunchConfigError, match=r'list of strings.*args=\["5", "2"\].*args="5 2"'):
+        ddp_kit.launch("print('never runs')", args=args)
+
+
+def test_initialising_the_default_group_twice_is_told_the_fix():
+    code = ("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            "dist.init_process_group('gloo')\n")  # fmt: skip
+    with pytest.raises(WorkerError) as caught:
+        ddp_kit.launch(code, nproc=1, output="quiet")
+    message = str(caught.value)
+    assert "initialize the default process group twice" in message
+    assert "dist.destroy_process_group() first" in message and "dist.is_initialized()" in message
+
+
+def test_more_ranks_than_cores_is_said_once(monkeypatch, capfd):
+    monkeypatch.delenv(contract.NOTES_FILE, raising=False)
+    monkeypatch.setattr(torchrun, "available_cores", lambda: 1)
+    monkeypatch.setattr(torchrun, "_cores_said", set())
+    ddp_kit.launch("pass", nproc=2, output="quiet")
+    assert "[ddp_kit] note: 2 ranks on 1 CPU cores: the ranks take turns" in capfd.readouterr().err
+    ddp_kit.launch("pass", nproc=2, output="quiet")
+    assert "CPU cores" not in capfd.readouterr().err  # once per kernel
+    monkeypatch.setattr(torchrun, "available_cores", lambda: 2)
+    monkeypatch.setattr(torchrun, "_cores_said", set())
+    ddp_kit.launch("pass", nproc=2, output="quiet")
+    assert "CPU cores" not in capfd.readouterr().err
+
+
+def test_run_directories_of_a_gone_owner_are_removed_and_others_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"{contract.RUN_DIR_PREFIX}stale"
+    stale.mkdir()
+    (stale / contract.OWNER_FILE).write_text(f"{gone.pid} 1.0\n")
+    (stale / contract.KEY_FILE).write_text("secret")
+    reused = tmp_path / f"{contract.RUN_DIR_PREFIX}reused"  # this pid, another start time
+    reused.mkdir()
+    (reused / contract.OWNER_FILE).write_text(f"{os.getpid()} 1.0\n")
+    mine = torchrun.make_run_dir()  # this kernel's: alive
+    other = tmp_path / f"{contract.RUN_DIR_PREFIX}unowned"  # not made with an owner file
+    other.mkdir()
+    assert not stale.exists() and not reused.exists()
+    ddp_kit.launch("pass", nproc=1, output="quiet")
+    assert mine.exists() and other.exists()

@@ -87,3 +87,21 @@ def test_launch_and_session_share_their_run_options_and_defaults():
     for name in shared:
         assert launch_options[name].default == session_options[name].default, name
         assert launch_options[name].annotation == session_options[name].annotation, name
+
+
+@pytest.mark.parametrize(("magic", "line"), [("torchrun", "-n abc"), ("ranks", "start -n abc")])
+def test_a_flag_error_shows_the_usage_once(shell, magic, line):
+    with pytest.raises(LaunchConfigError) as caught:
+        if magic == "torchrun":
+            shell.run_cell_magic(magic, line, "print('never runs')\n")
+        else:
+            shell.run_line_magic(magic, line)
+    message = str(caught.value)
+    assert "invalid int value: 'abc'. Usage: %" in message and message.lower().count("usage") == 1
+
+
+def test_stopping_when_no_ranks_run_says_there_were_none(shell, capsys):
+    shell.run_line_magic("ranks", "stop")
+    assert capsys.readouterr().out == (
+        "[ddp_kit] no live ranks to stop (start them with %ranks start -n 4)\n"
+    )

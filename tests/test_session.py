@@ -4,16 +4,19 @@ two sessions, the channel's key and the magics."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
 from multiprocessing.connection import Client, Listener
 
 import numpy as np
+import psutil
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from support import KERNEL_SIGINT, SETUP, kit_frames, kit_roles, wait_until_gone
@@ -21,6 +24,7 @@ from support import KERNEL_SIGINT, SETUP, kit_frames, kit_roles, wait_until_gone
 import ddp_kit
 from ddp_kit.kernel.channel import accept_ranks
 from ddp_kit.kernel.session import Session
+from ddp_kit.shared import contract
 from ddp_kit.shared.contract import Hello, send_at_once
 from ddp_kit.shared.errors import LaunchConfigError, SessionError
 
@@ -111,7 +115,7 @@ def test_interrupting_the_kernel_interrupts_the_ranks_and_keeps_the_session():
     time.sleep(1)
     kernel.send_signal(signal.SIGINT)  # Jupyter's stop button
     out, _ = kernel.communicate(timeout=60)
-    assert "INTERRUPTED The cell was interrupted; ranks [0, 1] were interrupted." in out
+    assert "INTERRUPTED The cell was interrupted; ranks 0-1 were interrupted." in out
     assert "The session is still running" in out and "ALIVE ['2\\n', '2\\n']" in out
     assert wait_until_gone(5) == []
 
@@ -230,7 +234,63 @@ def test_kit_messages_in_a_shell_are_one_short_message_with_no_kit_frame(shell, 
     finally:
         timer.join()
         signal.signal(signal.SIGINT, previous)
-    stopped = "KeyboardInterrupt: The cell was interrupted; ranks [0, 1] were interrupted."
+    stopped = "KeyboardInterrupt: The cell was interrupted; ranks 0-1 were interrupted."
     assert stopped in interrupted
     assert "Traceback" not in interrupted and kit_frames(interrupted) == []
     assert shown("%%ranks\nprint('still', 1)\n") == "[ranks 0-1] still 1\n"
+
+
+def test_a_killed_kernels_run_directory_and_key_are_removed_by_the_next_run(tmp_path, monkeypatch):
+    kernel = start_kernel(KERNEL, {"TMPDIR": str(tmp_path)})
+    try:
+        (run_dir,) = tmp_path.glob(f"{contract.RUN_DIR_PREFIX}*")
+        assert (run_dir / contract.KEY_FILE).exists()
+    finally:
+        kernel.kill()  # no chance to clean up
+        kernel.wait()
+    assert wait_until_gone(15) == []
+    assert (run_dir / contract.KEY_FILE).exists()  # left behind by the killed kernel
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ddp_kit.launch("pass", nproc=1, output="quiet")
+    assert not run_dir.exists()
+    assert list(tmp_path.glob(f"{contract.RUN_DIR_PREFIX}*")) == []  # and the launch's own
+
+
+PERSISTENT_LOADER = """
+import os
+from torch.utils.data import DataLoader, Dataset
+class Numbers(Dataset):  # defined in the cell, as in a notebook
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        return i
+loader = DataLoader(Numbers(), batch_size=4, num_workers=2, persistent_workers=True)
+total = sum(int(batch.sum()) for batch in loader)
+workers = [w.pid for w in loader._iterator._workers]
+"""
+
+
+def test_memory_is_pss_a_lost_rank_is_said_plainly_and_loader_workers_end_with_the_rank():
+    with Session(2, output="quiet") as session:
+        status = session.status()
+        assert "memory PSS " in status and "per rank PSS/USS" in status
+        sizes = session.memory()
+        rss = sum(psutil.Process(pid).memory_info().rss for pid in session.pids.values())
+        assert 0 < sum(size["pss"] for size in sizes.values()) < rss  # shared pages split
+        assert all(0 < size["uss"] <= size["pss"] for size in sizes.values())
+        with pytest.raises(SessionError) as lost:
+            session.run("import os, time\nfrom ddp_kit.worker import rank\nif rank() == 1:\n"
+                        "    os._exit(1)\ntime.sleep(5)\n")  # fmt: skip
+        assert re.search(r"Rank 1's process ended \(exitcode : 1 \(pid: \d+\)\)", str(lost.value))
+        begin = time.perf_counter()
+    plain_close = time.perf_counter() - begin
+    with Session(2, output="quiet") as session:
+        session.run(PERSISTENT_LOADER)
+        assert session.pull("total") == [120, 120]
+        workers = [pid for pids in session.pull("workers") for pid in pids]
+        assert len(workers) == 4 and all(psutil.pid_exists(pid) for pid in workers)
+        begin = time.perf_counter()
+    loader_close = time.perf_counter() - begin
+    assert not [pid for pid in workers if psutil.pid_exists(pid)]
+    assert loader_close < plain_close + 3, (loader_close, plain_close)  # it was 10 s more
+    assert wait_until_gone(5) == []

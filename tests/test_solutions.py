@@ -75,19 +75,23 @@ def test_solutions_pass_their_checks_and_wrong_answers_fail(group, kernel):
                 if (exercise.notebook, index) not in done:
                     kernel.run(cells[index])
                     done.add((exercise.notebook, index))
-            verdicts = {}
-            for name in ("wrong", "right"):
-                answer = getattr(exercise, name)
-                said = kernel.run(edited(exercise, cells[exercise.cell], answer))
+            source = cells[exercise.cell]
+            answers = [("wrong", edited(exercise, source, exercise.wrong))]
+            for number, (text, replacement) in enumerate(exercise.more_wrong):
+                assert source.count(text) == 1, (exercise.notebook, exercise.cell, text)
+                answers.append((f"wrong {number + 2}", source.replace(text, replacement)))
+            answers.append(("right", edited(exercise, source, exercise.right)))
+            where = f"{exercise.notebook} cell {exercise.cell}"
+            for name, answer in answers:
+                said = kernel.run(answer)
                 for index in exercise.check:
                     said = kernel.run(cells[index])
-                verdicts[name] = said
-            where = f"{exercise.notebook} cell {exercise.cell}"
-            assert "Correct!" in verdicts["right"], (where, verdicts["right"])
-            wrong = verdicts["wrong"]
-            assert "Correct!" not in wrong and ("Not quite" in wrong or "Not yet" in wrong), (
-                where, wrong,
-            )  # fmt: skip
+                if name == "right":
+                    assert "Correct!" in said, (where, said)
+                else:
+                    assert "Correct!" not in said and ("Not quite" in said or "Not yet" in said), (
+                        where, name, said,
+                    )  # fmt: skip
         if live:
             assert "live ranks stopped" in kernel.run("%ranks stop")
     finally:

@@ -137,7 +137,7 @@ def test_the_start_line_counts_the_ranks_that_connected(monkeypatch):
 def test_an_idle_session_stops_itself_and_the_next_cell_says_so():
     session = Session(2, idle_timeout=3, output="quiet")
     try:
-        assert "memory (RSS) " in session.status() and " MiB" in session.status()
+        assert "memory PSS " in session.status() and " MiB" in session.status()
         session.run("x = 1")
         time.sleep(2)
         session.run("x += 1")  # a cell restarts the clock

@@ -1,16 +1,30 @@
-"""Choose the process-group backend and device for a run: gloo on CPU unless NCCL can work."""
+"""Choose the process-group backend and device for a run: gloo on CPU unless NCCL can work.
+
+One exception, for checking a machine with fewer GPUs than ranks (./kit gpu-check): with the
+switch DDP_KIT_SHARED_GPU=1 (shared.contract) "auto" gives such a run gloo on the GPUs, the
+ranks sharing them (rank i on cuda:(i mod GPUs); on a one-GPU machine every rank on cuda:0),
+so that every lesson's `.to(device())` and `device_ids` still put the work on a GPU. gloo takes
+CUDA tensors for the collectives the lessons use (it copies them to the host and back); nccl
+cannot do this (two ranks on one GPU: "Duplicate GPU detected").
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
+
+from ..shared import contract
 
 BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend ("gloo" or "nccl"), the device kind ("cpu" or "cuda") and why."""
+    """The backend ("gloo" or "nccl"), the device kind ("cpu" or "cuda") and why.
+
+    nccl is always on "cuda" (one GPU per rank); gloo is on "cpu", or on "cuda" in the shared
+    GPU mode (the module docstring)."""
 
     backend: str
     device: str
@@ -25,11 +39,21 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose_backend(ranks: int, requested: str = "auto", gpus: int | None = None) -> BackendChoice:
+def shared_gpu_wanted() -> bool:
+    """Whether the switch DDP_KIT_SHARED_GPU=1 asks for gloo on shared GPUs (module docstring)."""
+    return os.environ.get(contract.SHARED_GPU, "0") == "1"
+
+
+def choose_backend(
+    ranks: int, requested: str = "auto", gpus: int | None = None, shared_gpu: bool | None = None
+) -> BackendChoice:
     """Pick the backend for `ranks` processes on this machine.
 
     NCCL needs one GPU per rank (two ranks on one GPU fail with "Duplicate GPU detected"),
     so "auto" uses nccl only when there are at least as many GPUs as ranks, else gloo on CPU.
+    `shared_gpu` (None: DDP_KIT_SHARED_GPU=1 on this machine, but never for a question about
+    another machine, `gpus` given) makes "auto" with too few GPUs, at least one, use gloo on
+    the GPUs instead, shared by the ranks.
     """
     from ..shared.errors import LaunchConfigError
 
@@ -38,6 +62,8 @@ def choose_backend(ranks: int, requested: str = "auto", gpus: int | None = None)
             f"Unknown backend {requested!r}: use one of {', '.join(BACKENDS)} "
             '("auto" picks nccl when every rank can have its own GPU, else gloo).'
         )
+    if shared_gpu is None:
+        shared_gpu = gpus is None and shared_gpu_wanted()
     gpus = cuda_device_count() if gpus is None else gpus
     if requested == "gloo":
         return BackendChoice("gloo", "cpu", "gloo on CPU, as requested.")
@@ -51,6 +77,13 @@ def choose_backend(ranks: int, requested: str = "auto", gpus: int | None = None)
         return BackendChoice("nccl", "cuda", f"nccl with one GPU per rank ({gpus} GPUs).")
     if gpus >= ranks:
         return BackendChoice("nccl", "cuda", f"nccl: {gpus} GPUs for {ranks} ranks, one each.")
+    if gpus > 0 and shared_gpu:
+        return BackendChoice(
+            "gloo",
+            "cuda",
+            f"{gpus} GPU(s) for {ranks} ranks, shared ({contract.SHARED_GPU}=1): gloo with "
+            f"rank i on cuda:(i mod {gpus}).",
+        )
     if gpus > 0:
         return BackendChoice(
             "gloo",

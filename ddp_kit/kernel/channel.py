@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 
 from ..shared.contract import Busy, Hello, Output, RunCell, send_at_once
+from .output import span
 
 HELLO_TIMEOUT = 10.0
 INTERRUPT_GRACE = 5.0  # how long interrupted ranks have to answer
@@ -146,7 +147,7 @@ class Channel:
                     break
         except KeyboardInterrupt:
             pass
-        reason += f"; ranks {busy} were interrupted."
+        reason += f"; {span(busy)} {'was' if len(busy) == 1 else 'were'} interrupted."
         return Stop(kind, reason, interrupted=busy, stuck=sorted(pending.values()))
 
     def _receive(

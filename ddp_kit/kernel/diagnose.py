@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..shared import contract
-from ..shared.failures import RankFailure, earliest
+from ..shared.failures import PROCESS_ENDED, RankFailure, earliest, fault_file
 from .output import span
 from .result import RunResult
 
@@ -27,6 +30,21 @@ CONNECT_SIGN = "connectFullMesh"
 
 # A rank's TCPStore client that found nobody at the rendezvous address (c10d's message).
 STORE_SIGN = re.compile(r"while trying to connect to \(([^,]+), (\d+)\)")
+
+# An entry of torchrun's failure summary ("Failures:" / "Root Cause (first observed failure):"):
+#   time      : 2026-12-07_03:45:07
+#   host      : localhost
+#   rank      : 1 (local_rank: 1)
+#   exitcode  : -11 (pid: 18670)  (SIGSEGV)
+SUMMARY_ENTRY = re.compile(
+    r"time\s*:\s*(\S+)\s*\n.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n"
+    r"\s*exitcode\s*:\s*(-?\d+)",
+    re.DOTALL,
+)
+ROOT_CAUSE = "Root Cause"
+# Signals torchrun sends to stop the other ranks once one has failed.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
+FAULT_FRAME = re.compile(r'\s*File "(.+)", line (\d+) in (.+)')
 
 SOURCE_TAG = re.compile(r"\[(?:\.\.)?/\S+:\d+\] ")  # gloo's "[/path/to/file.cc:78] " prefix
 
@@ -89,12 +107,13 @@ def explain_failures(
     timed out, the ranks in `finished` (they ended `work` without an error) are the ones that
     never joined it.
     """
-    root = earliest(failures)
+    root = earliest(failures)  # every rank alike: rank 0's
     others = [f for f in sorted(failures, key=lambda f: f.rank) if f.rank != root.rank]
     absent = ""
     if is_hang(root) and finished:
         absent = f"{span(finished).capitalize()} finished {work} and never joined that collective."
-    advice = [absent, rendezvous_help(root) or (HANG_HELP if is_hang(root) else "")]
+    advice = [absent, rendezvous_help(root) or (HANG_HELP if is_hang(root) else ""),
+              reinit_help(root)]  # fmt: skip
     too = [f for f in others if not is_hang(f)]
     after = [f for f in others if is_hang(f)]
     if too:
@@ -103,12 +122,105 @@ def explain_failures(
     if after:
         advice.append(f"(Rank(s) {ranks_text(after)} then failed in a collective, as a "
                       "consequence.)")  # fmt: skip
+    if root.type == PROCESS_ENDED:  # no traceback: what it printed, and where, is advice
+        advice.insert(0, root.traceback)
+        return Explanation(root.message, "\n\n".join(a for a in advice if a), "", root.rank)
     return Explanation(
         f"Rank {root.rank} failed with {root.type}: {SOURCE_TAG.sub('', root.message)}",
         "\n\n".join(a for a in advice if a),
         root.traceback,
         root.rank,
     )
+
+
+REINIT_SIGN = "trying to initialize the default process group twice"
+REINIT_HELP = (
+    "init_process_group was called while this rank's process group is still initialised (a "
+    "cell or function run twice?). Call dist.destroy_process_group() first to make a new one, "
+    "or init once: `if not dist.is_initialized(): dist.init_process_group(...)`."
+)
+
+
+def reinit_help(failure: RankFailure) -> str:
+    """The fix for torch's error on a second init_process_group without a destroy."""
+    return REINIT_HELP if REINIT_SIGN in failure.message else ""
+
+
+def process_ends(
+    agent_log: str,
+    reported: Sequence[int],
+    completed: Sequence[int],
+    output: Mapping[int, str],
+    error_dir: Path,
+) -> list[RankFailure]:
+    """A RankFailure (type PROCESS_ENDED) for each rank that torchrun's failure summary names
+    and that neither reported a Python exception nor completed its script: it called
+    os._exit, or died of a signal (a crash in C code, SIGKILL). Its message names the rank, the
+    exit code or the signal, where it was (its faulthandler stack, for a fatal signal) and the
+    last lines it printed (`output`: its stdout and stderr). A rank that torchrun itself
+    stopped (SIGTERM, SIGKILL) once another had failed is left out."""
+    ends = {}
+    for section, entries in enumerate(agent_log.split(ROOT_CAUSE)):
+        for when, rank, code in SUMMARY_ENTRY.findall(entries):
+            if int(rank) not in reported and int(rank) not in completed:
+                ends[int(rank)] = (int(code), when, section > 0)
+    found = []
+    for rank, (code, when, root) in sorted(ends.items()):
+        stopped = -code in STOP_SIGNALS and (reported or len(ends) > 1) and not root
+        if code == 0 or stopped:
+            continue
+        where = fault_frames(fault_text(error_dir, rank)) if code < 0 else ""
+        last = [line for line in output.get(rank, "").splitlines() if line.strip()][-5:]
+        details = [f"Where it was (Python's faulthandler, innermost last):\n{where}"] * bool(where)
+        if last:
+            details.append("Its last lines:\n" + "\n".join(f"  [rank {rank}] {x}" for x in last))
+        else:
+            details.append("It printed nothing.")
+        found.append(RankFailure(rank, PROCESS_ENDED, ended_text(rank, code),
+                                 "\n\n".join(details), summary_time(when, root)))  # fmt: skip
+    return found
+
+
+def ended_text(rank: int, code: int) -> str:
+    """How rank `rank`'s process ended, given its exit code as torchrun reports it."""
+    if code >= 0:
+        return (f"Rank {rank}'s process ended with exit code {code} without a Python exception "
+                "(os._exit(), or C code that called exit()).")  # fmt: skip
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    cause = {"SIGSEGV": "a crash in C or C++ code (torch, numpy, ctypes...)",
+             "SIGBUS": "a crash in C or C++ code", "SIGFPE": "a crash in C or C++ code",
+             "SIGABRT": "C or C++ code that aborted (\"terminate called\", a failed check)",
+             "SIGKILL": "killed from outside (out of memory, or `kill -9`)"}  # fmt: skip
+    return (f"Rank {rank}'s process was killed by {name} (signal {-code}), without a Python "
+            f"exception: {cause.get(name, 'a signal sent to it')}.")
+
+
+def fault_text(error_dir: Path, rank: int) -> str:
+    try:
+        return fault_file(error_dir, rank).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def fault_frames(text: str) -> str:
+    """The frames of a faulthandler dump that are not the kit's or runpy's, innermost last."""
+    kit = str(Path(__file__).resolve().parent.parent)
+    frames = [line.strip() for line in text.splitlines() if FAULT_FRAME.match(line)]
+    shown = [f"  {f}" for f in frames if kit not in f and "<frozen runpy>" not in f]
+    return "\n".join(reversed(shown))
+
+
+def summary_time(when: str, root: bool) -> float:
+    """torchrun's time of a failure (to the second), as a time.time() value; the root cause's
+    comes first among failures seen in the same second."""
+    try:
+        seen = time.mktime(time.strptime(when, "%Y-%m-%d_%H:%M:%S"))
+    except ValueError:
+        seen = time.time()
+    return seen - (0.5 if root else 0.0)
 
 
 def ranks_text(failures: Sequence[RankFailure]) -> str:
@@ -171,14 +283,19 @@ def explain(result: RunResult, timeout: float, debug: str = "off") -> Explanatio
         )
     if not result.failures:
         return Explanation(
-            f"torchrun exited with code {result.returncode}, but no rank raised a Python "
-            "exception (a rank may have called sys.exit/os._exit, or crashed)."
+            f"torchrun exited with code {result.returncode}, but no rank reported a Python "
+            "exception and torchrun's log names no rank that ended badly."
             + stderr_tails(result.stderr),
             detail_crash_note(debug, result.agent_log) or "",
         )
     failed = {f.rank for f in result.failures}
     finished = [r for r in result.completed if r not in failed]
-    return explain_failures(result.failures, finished, "the script")
+    explanation = explain_failures(result.failures, finished, "the script")
+    note = detail_crash_note(debug, result.agent_log)
+    if note:
+        advice = "\n\n".join(filter(None, [explanation.advice, note]))
+        return Explanation(explanation.summary, advice, explanation.traceback, explanation.rank)
+    return explanation
 
 
 def teardown_note(result: RunResult) -> str | None:

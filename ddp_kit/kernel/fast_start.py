@@ -16,10 +16,11 @@ torchrun still starts every rank and watches its relay, which ends as the rank e
 rank gets the relay's environment, working directory, argv and streams (rank.forkserver lists
 what it is given, and what differs from a fresh process).
 
-When: on Linux, with the gloo backend, unless DDP_KIT_FAST_START=0. Otherwise (nccl, macOS,
-Windows) every process starts plain, as before. nccl is left plain because the fast start is
-untested on a GPU and a GPU run gains little from it (the server itself imports no CUDA
-context: before each fork it checks that torch has not initialised CUDA). A relay falls back
+When: on Linux, with the gloo backend on CPU, unless DDP_KIT_FAST_START=0. Otherwise (nccl,
+gloo on shared GPUs, macOS, Windows) every process starts plain, as before. A run on GPUs is
+left plain because the fast start is untested on a GPU and a GPU run gains little from it
+(the server itself imports no CUDA context: before each fork it checks that torch has not
+initialised CUDA). A relay falls back
 to the plain start by itself when the server cannot fork for it (the server's reason is not
 shown; `why_not_fork` lists them).
 
@@ -58,6 +59,7 @@ def wanted(env: dict[str, str]) -> bool:
     return (
         env.get(contract.FAST_START, "1") != "0"
         and env.get(contract.BACKEND) == "gloo"
+        and env.get(contract.DEVICE, "cpu") == "cpu"
         and sys.platform.startswith("linux")
         and hasattr(socket, "send_fds")
     )
@@ -180,8 +182,9 @@ def prestart() -> None:
     environment of a run with the default settings: torch is imported while the student
     reads, and the first run finds the server ready. On a machine with a GPU for every rank,
     whose runs use nccl, it is not used (and costs its memory alone)."""
-    from .torchrun import rank_env
+    from .torchrun import rank_env, remove_stale_run_dirs
 
+    remove_stale_run_dirs()  # a killed kernel's, its session key among them
     env = rank_env(Path(tempfile.gettempdir()), "gloo", 60.0, None)
     if wanted(env):
         server_for(env)

@@ -29,11 +29,13 @@ from .script import Script, write_script
 from .torchrun import (
     POLL_SECONDS,
     Agents,
+    cores_note,
     log_roots,
     make_run_dir,
     rank_env,
     torchrun_commands,
     validate,
+    validate_args,
 )
 
 
@@ -41,7 +43,7 @@ def launch(
     script: Script,
     nproc: int = 2,
     *,
-    args: Sequence[str] = (),
+    args: Sequence[str] | str = (),
     nnodes: int = 1,
     backend: str = "auto",
     timeout: float = 300.0,
@@ -54,7 +56,11 @@ def launch(
 ) -> RunResult:
     """Run `script` (code text, a .py path or a function) on `nproc` ranks with torchrun.
 
-    `args` are passed to the script (its sys.argv[1:]). nnodes > 1 starts that many torchrun
+    `args` are passed to the script (its sys.argv[1:]): a list of strings (numbers are turned
+    into strings), or one string, split into words as a shell would (`args="5 2 --batch_size
+    32"` is `["5", "2", "--batch_size", "32"]`; quote a word with spaces).
+
+    nnodes > 1 starts that many torchrun
     agents on this machine, as if each were a node of a cluster, all on 127.0.0.1. A failure
     raises WorkerError naming the rank (unless check=False); `timeout` bounds the whole run,
     `collective_timeout` each collective. `debug` sets TORCH_DISTRIBUTED_DEBUG ("detail": each
@@ -63,13 +69,17 @@ def launch(
     a note.
     """
     validate(nproc, nnodes, timeout, collective_timeout, output, debug)
+    script_args = validate_args(args)
+    note = cores_note(nproc * nnodes)
+    if note:
+        diagnose.say(note)
     choice = choose_backend(nproc * nnodes, backend)
     say_fallback(choice)
     job = Job(
         script=script,
         nproc=nproc,
         nnodes=nnodes,
-        args=list(map(str, args)),
+        args=script_args,
         backend=choice.backend,
         device=choice.device,
         timeout=timeout,
@@ -133,13 +143,21 @@ class Job:
             progress = LaunchProgress(output, run_dir / contract.MARKERS, self.world_size, enabled)
             start = time.perf_counter()
             environment = rank_env(
-                run_dir, self.backend, self.collective_timeout, self.env, self.debug
+                run_dir, self.backend, self.collective_timeout, self.env, self.debug, self.device
             )
             agents = Agents.start(commands, environment, self.nproc)
             outcome = self._watch(agents, output, progress)
             duration = time.perf_counter() - start
             output.read_rest()
             progress.end(f"{self.world_size} ranks ran for {duration:.1f} s")
+            stdout = [output.text(r, "stdout") for r in range(self.world_size)]
+            stderr = [output.text(r, "stderr") for r in range(self.world_size)]
+            completed = ranks_marked(run_dir / contract.MARKERS, COMPLETED)
+            reports = failures.read_reports(run_dir / contract.ERRORS)
+            if outcome.returncode and not (outcome.timed_out or outcome.interrupted):
+                printed = {r: stdout[r] + stderr[r] for r in range(self.world_size)}
+                reports += diagnose.process_ends(outcome.agent_log, [f.rank for f in reports],
+                                                 completed, printed, run_dir / contract.ERRORS)
             result = RunResult(
                 nproc=self.nproc,
                 nnodes=self.nnodes,
@@ -147,17 +165,17 @@ class Job:
                 device=self.device,
                 returncode=outcome.returncode,
                 duration=duration,
-                stdout=[output.text(r, "stdout") for r in range(self.world_size)],
-                stderr=[output.text(r, "stderr") for r in range(self.world_size)],
+                stdout=stdout,
+                stderr=stderr,
                 records=Records.load(run_dir / contract.RECORDS, self.world_size),
-                failures=failures.read_reports(run_dir / contract.ERRORS),
+                failures=reports,
                 timed_out=outcome.timed_out,
                 interrupted=outcome.interrupted,
                 script=path.read_text(),
                 agent_log=outcome.agent_log,
                 commands=commands,
                 run_dir=run_dir if self.keep_run_dir else None,
-                completed=ranks_marked(run_dir / contract.MARKERS, COMPLETED),
+                completed=completed,
             )
         finally:
             if not self.keep_run_dir:

@@ -27,7 +27,8 @@ class MagicParser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:
-        raise LaunchConfigError(f"{self.prog}: {message}. Usage: {self.format_usage().strip()}")
+        usage = self.format_usage().strip().removeprefix("usage: ")
+        raise LaunchConfigError(f"{self.prog}: {message}. Usage: {usage}")
 
 
 def variable_name(text: str) -> str:
@@ -258,8 +259,10 @@ class RanksMagic:
         )
 
     def stop(self, _argv: list[str]) -> None:
-        if self.session is not None:
-            self.session.close()
+        if self.session is None or not self.session.running:
+            print("[ddp_kit] no live ranks to stop (start them with %ranks start -n 4)")
+            return
+        self.session.close()
         print("[ddp_kit] live ranks stopped")
 
     def restart(self, _argv: list[str]) -> None:

@@ -35,12 +35,20 @@ from ..shared.records import Records
 from . import diagnose
 from .backend import choose_backend, say_fallback
 from .channel import INTERRUPT_GRACE, Channel, Stop
-from .output import RankOutput, RankPrinter, validate_output
+from .output import RankOutput, RankPrinter, span, validate_output
 from .progress import CellStatus, StartProgress, positions
 from .progress import wanted as status_wanted
 from .result import CellResult
 from .script import write_script
-from .torchrun import Agents, log_roots, make_run_dir, rank_env, torchrun_commands, validate
+from .torchrun import (
+    Agents,
+    cores_note,
+    log_roots,
+    make_run_dir,
+    rank_env,
+    torchrun_commands,
+    validate,
+)
 
 SERVER = "from ddp_kit.rank.server import serve\n\nserve()\n"
 START_TIMEOUT = 180.0  # torchrun, `import torch` and DDP's imports on every rank
@@ -88,6 +96,9 @@ class Session:
             raise LaunchConfigError(f"idle_timeout={idle_timeout!r}: give a positive number of "
                                     "seconds (the default, 1800, is 30 minutes).")  # fmt: skip
         self.nproc, self.nnodes = nproc, nnodes
+        note = cores_note(nproc * nnodes)
+        if note:
+            diagnose.say(note)
         self.choice = choose_backend(nproc * nnodes, backend)
         self.collective_timeout = collective_timeout
         self.cell_timeout = cell_timeout
@@ -118,6 +129,11 @@ class Session:
         return self.nproc * self.nnodes
 
     @property
+    def backend(self) -> str:
+        """The backend the kit chose for the ranks: "gloo" or "nccl" (as a launch's result says)."""
+        return self.choice.backend
+
+    @property
     def running(self) -> bool:
         """Whether the ranks are up."""
         return self._agents is not None and self._agents.running()
@@ -140,7 +156,8 @@ class Session:
         host, port = listener.address
         script = write_script(run_dir, SERVER)
         commands = torchrun_commands(script, self.nproc, self.nnodes, run_dir / contract.LOGS)
-        env = rank_env(run_dir, self.choice.backend, self.collective_timeout, self.env, self.debug)
+        env = rank_env(run_dir, self.choice.backend, self.collective_timeout, self.env, self.debug,
+                       self.choice.device)
         env.update({contract.SESSION_ADDRESS: f"{host}:{port}",
                     contract.SESSION_KEY_FILE: str(key_file)})  # fmt: skip
         self._agents = agents = Agents.start(commands, env, self.nproc)
@@ -199,7 +216,7 @@ class Session:
         up = time.time() - self.started_at
         return (
             f"{self.world_size} live ranks, {self.choice.backend} on {self.choice.device}, "
-            f"up {up:.0f} s, {self.cells_run} cells run; pids {{{pids}}}; memory (RSS) "
+            f"up {up:.0f} s, {self.cells_run} cells run; pids {{{pids}}}; memory "
             f"{self.memory_text()}; stops after {self.idle_timeout / 60:g} min idle"
         )
 
@@ -356,7 +373,7 @@ class Session:
             self._discard()  # stuck ranks cannot answer an exit message: stop them at once
             self.start()
             return [
-                f"{stop.reason} Ranks {stop.stuck} did not come back within "
+                f"{stop.reason} {span(stop.stuck).capitalize()} did not come back within "
                 f"{INTERRUPT_GRACE:g} s (a rank blocked in a collective only returns at its "
                 "collective_timeout). " + RESTARTED,
                 *where,
@@ -419,8 +436,8 @@ class Session:
         self._agents.wait(CLOSE_GRACE)
         log = self._agents.log
         if "exitcode" in log:
-            lines = [line.strip() for line in log.splitlines() if "exitcode" in line]
-            return lines[-1][:200]
+            lines = [" ".join(line.split()) for line in log.splitlines() if "exitcode" in line]
+            return lines[-1][:200]  # torchrun's "exitcode  : 1 (pid: 5)", spaces made single
         return "torchrun's log names no exit code"
 
     def _startup_failure(self, connected: int) -> str:
@@ -447,8 +464,8 @@ class Session:
 
     def _stop_when_idle(self, agents: Agents) -> None:
         """Stop these ranks once nothing has used them (a cell, a pull, records) for
-        idle_timeout seconds (a 4-rank session holds over a GiB); the next cell says so. Ends
-        when the ranks are replaced."""
+        idle_timeout seconds (a 4-rank session holds hundreds of MiB); the next cell says
+        so. Ends when the ranks are replaced."""
         while self._agents is agents:
             time.sleep(min(1.0, self.idle_timeout / 4))
             idle = time.monotonic() - self._last_used
@@ -456,7 +473,7 @@ class Session:
                 continue
             try:
                 if self._agents is agents:
-                    held = self.memory_text()
+                    held = memory_text(self.memory(), short=True)
                     self.close()
                     self.idle_stopped = (
                         f"The live ranks were stopped after {idle / 60:.1f} min without a cell "
@@ -468,20 +485,22 @@ class Session:
                 self._busy.release()
             return
 
-    def memory(self) -> dict[int, int]:
-        """Each rank's resident memory in bytes (RSS)."""
+    def memory(self) -> dict[int, dict[str, int]]:
+        """Each rank's memory in bytes: "pss" (its proportional share: a page shared by n
+        processes counts 1/n, so the sum is what the ranks hold together) and "uss" (its own
+        pages, what ending it would free) where the OS gives them (Linux), else "rss" (resident
+        pages, shared ones counted in every rank that maps them)."""
         sizes = {}
         for rank, pid in sorted(self._channel.pids.items()):
             try:
-                sizes[rank] = psutil.Process(pid).memory_info().rss
-            except psutil.NoSuchProcess:
+                sizes[rank] = rank_memory(psutil.Process(pid))
+            except psutil.Error:
                 pass
         return sizes
 
     def memory_text(self) -> str:
-        sizes = self.memory()
-        each = ", ".join(f"{rank}: {size / 2**20:.0f} MiB" for rank, size in sizes.items())
-        return f"{sum(sizes.values()) / 2**30:.2f} GiB in all; per rank {each}"
+        """The ranks' memory in one line, saying which measure it is."""
+        return memory_text(self.memory())
 
     def _discard(self) -> None:
         """Stop whatever is left of the processes; forget connections and the run directory."""
@@ -491,3 +510,33 @@ class Session:
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
         self._agents, self._run_dir = None, None
+
+
+def rank_memory(process: psutil.Process) -> dict[str, int]:
+    """A process's PSS and USS in bytes (Linux), else its RSS (shared.processes' psutil)."""
+    try:
+        info = process.memory_full_info()
+    except psutil.AccessDenied:
+        info = None
+    if info is not None and hasattr(info, "pss"):
+        return {"pss": info.pss, "uss": info.uss}
+    return {"rss": process.memory_info().rss}
+
+
+def memory_text(sizes: dict[int, dict[str, int]], short: bool = False) -> str:
+    """ "PSS 1.59 GiB in all (...); per rank PSS/USS ..." (RSS where PSS is missing); `short`:
+    the total alone, "PSS 1.59 GiB"."""
+    measure = "pss" if sizes and all("pss" in size for size in sizes.values()) else "rss"
+    total = sum(size.get(measure, size.get("pss", 0)) for size in sizes.values()) / 2**30
+    head = f"{measure.upper()} {total:.2f} GiB"
+    if short:
+        return head
+    if measure == "pss":
+        each = ", ".join(f"{rank}: {size['pss'] / 2**20:.0f}/{size['uss'] / 2**20:.0f} MiB"
+                         for rank, size in sizes.items())  # fmt: skip
+        return (f"{head} in all (PSS: a page that n processes share counts 1/n in each); per "
+                f"rank PSS/USS (USS: the rank's own pages) {each}")
+    each = ", ".join(f"{rank}: {size.get('rss', 0) / 2**20:.0f} MiB"
+                     for rank, size in sizes.items())  # fmt: skip
+    return (f"{head} in all (RSS: a page the ranks share counts in each, so this is more than "
+            f"they hold together); per rank {each}")

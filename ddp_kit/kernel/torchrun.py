@@ -17,6 +17,8 @@ The run directory's layout and the ranks' DDP_KIT_* variables are shared.contrac
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -67,12 +69,101 @@ def validate(
         raise LaunchConfigError(f"debug={debug!r}: use one of {', '.join(DEBUG_LEVELS)}.")
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+_cores_said: set[tuple[int, int]] = set()
+
+
+def cores_note(ranks: int) -> str | None:
+    """A note, once per kernel for each number of ranks, when there are more ranks than CPU
+    cores: it works, but the ranks take turns on the cores."""
+    cores = available_cores()
+    if ranks <= cores or (ranks, cores) in _cores_said:
+        return None
+    _cores_said.add((ranks, cores))
+    return (f"{ranks} ranks on {cores} CPU cores: the ranks take turns on the cores, so the "
+            f"start and each step take up to {ranks / cores:.2g}x as long as with a core per "
+            "rank, and timings measure that sharing more than DDP.")  # fmt: skip
+
+
+ARGS_HELP = (
+    'give a list of strings, e.g. args=["5", "2"], or one string split as a shell would, '
+    'e.g. args="5 2"'
+)
+
+
+def validate_args(args: object) -> list[str]:
+    """A script's arguments as its sys.argv[1:]: a string is split into words as a shell
+    would (shlex); a list or tuple of strings (or numbers, or paths) is taken word by word."""
+    if isinstance(args, str):
+        try:
+            return shlex.split(args)
+        except ValueError as error:  # an unclosed quote
+            raise LaunchConfigError(f"args={args!r}: {error}; {ARGS_HELP}.") from None
+    words = (str, int, float, os.PathLike)
+    if isinstance(args, (list, tuple)) and all(
+        isinstance(a, words) and not isinstance(a, bool) for a in args
+    ):
+        return [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
+    raise LaunchConfigError(f"args={args!r}: {ARGS_HELP}.")
+
+
 def make_run_dir() -> Path:
-    """A private run directory (mode 0700) laid out as shared.contract says."""
-    run_dir = Path(tempfile.mkdtemp(prefix="ddp_kit-run-"))
+    """A private run directory (mode 0700) laid out as shared.contract says, with its owner
+    (this kernel) recorded in it; the run directories of kernels that are gone (killed: a
+    kernel that ends removes its own) are removed first."""
+    remove_stale_run_dirs()
+    run_dir = Path(tempfile.mkdtemp(prefix=contract.RUN_DIR_PREFIX))
+    (run_dir / contract.OWNER_FILE).write_text(owner_text(os.getpid()))
     for sub in (contract.LOGS, contract.RECORDS, contract.ERRORS, contract.MARKERS):
         (run_dir / sub).mkdir()
     return run_dir
+
+
+def owner_text(pid: int) -> str:
+    """ "PID START": a process and its start time (a pid can be reused by a later process)."""
+    import psutil
+
+    return f"{pid} {psutil.Process(pid).create_time():.3f}\n"
+
+
+def owner_alive(text: str) -> bool:
+    """Whether the process that an owner file names is still running (not a later process
+    with the same pid). Unreadable: taken as alive, and left alone."""
+    import psutil
+
+    try:
+        pid, started = text.split()
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except (ValueError, psutil.Error):
+        return True
+
+
+def remove_stale_run_dirs(folder: Path | None = None) -> list[Path]:
+    """Remove the run directories in `folder` (default: the temporary folder) that this kit
+    made (a name with its prefix, an owner file in it), that this user owns, and whose owner
+    kernel is gone (killed, so it could not remove them: a session's key is among what they
+    hold). Returns those removed."""
+    removed = []
+    for run_dir in Path(folder or tempfile.gettempdir()).glob(f"{contract.RUN_DIR_PREFIX}*"):
+        try:
+            if run_dir.is_symlink() or run_dir.stat().st_uid != os.getuid():
+                continue
+            text = (run_dir / contract.OWNER_FILE).read_text()
+        except OSError:  # not a directory of ours, or removed meanwhile
+            continue
+        if not owner_alive(text):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            removed.append(run_dir)
+    return removed
 
 
 def log_roots(run_dir: Path, nnodes: int) -> list[Path]:
@@ -110,8 +201,10 @@ def rank_env(
     collective_timeout: float,
     extra: Mapping[str, str] | None,
     debug: str = "off",
+    device: str | None = None,
 ) -> dict[str, str]:
-    """The environment of every agent and rank: loopback gloo, where to write results, and
+    """The environment of every agent and rank: loopback gloo, the backend and device kind
+    (None: the backend's own, cuda for nccl, cpu for gloo), where to write results, and
     torch's distributed debug level (unless `extra` sets TORCH_DISTRIBUTED_DEBUG itself)."""
     package_parent = str(Path(__file__).resolve().parent.parent.parent)
     env = dict(os.environ)
@@ -123,6 +216,7 @@ def rank_env(
     )
     env.update({
         contract.BACKEND: backend,
+        contract.DEVICE: device or ("cuda" if backend == "nccl" else "cpu"),
         contract.COLLECTIVE_TIMEOUT: str(collective_timeout),
         contract.RECORD_DIR: str(run_dir / contract.RECORDS),
         contract.ERROR_DIR: str(run_dir / contract.ERRORS),

@@ -29,6 +29,12 @@ reproductions and the rates.
    ("0") and its keys in torchrun's store; a rank can read the old world's addresses there
    before the other rank has replaced them. Fix: the counter is put back after the world is
    destroyed, so every world of the process has its own name (and its own keys).
+3. A 5 s stall in some `init_process_group` calls (docs/upstream.md, section 5). Every
+   init under torchrun opens a new connection to the agent's store, and torch formats the
+   socket's addresses with a reverse DNS lookup of 127.0.0.1 (as ::ffff:127.0.0.1, which
+   /etc/hosts does not name); where the DNS server drops one query, the resolver waits its
+   5 s timeout. Fix: a rank opens that connection once and every later world of the process
+   reuses it (each world's keys have their own prefix: 2.), so re-inits look nothing up.
 """
 
 from __future__ import annotations
@@ -60,6 +66,36 @@ def install() -> None:
             c10d._world.group_count = count  # the next world gets a name (and keys) of its own
 
     c10d.destroy_process_group = dist.destroy_process_group = destroy_process_group
+    _reuse_agent_store()
+
+
+_stores: dict[tuple, Any] = {}
+
+
+def _reuse_agent_store() -> None:
+    """Under torchrun, init_process_group's env:// rendezvous connects to the agent's store
+    anew for every world; open that connection once per rank and reuse it (3. above)."""
+    import sys
+
+    import torch.distributed.rendezvous  # noqa: F401  (the package's `rendezvous` is a function)
+
+    rendezvous = sys.modules["torch.distributed.rendezvous"]
+    create = rendezvous._create_c10d_store
+    if getattr(create, "__wrapped__", None) is not None:
+        return
+
+    @functools.wraps(create)
+    def create_c10d_store(hostname, port, rank, world_size, timeout, *args, **kwargs):
+        if not rendezvous._torchelastic_use_agent_store():  # a store of rank 0's: made anew
+            return create(hostname, port, rank, world_size, timeout, *args, **kwargs)
+        key = (hostname, port, world_size)
+        if key not in _stores:
+            _stores[key] = create(hostname, port, rank, world_size, timeout, *args, **kwargs)
+        store = _stores[key]
+        store.set_timeout(timeout)
+        return store
+
+    rendezvous._create_c10d_store = create_c10d_store
 
 
 def kept() -> int:

@@ -8,6 +8,7 @@ the imports Python would find (`import_path`).
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import gc
 import os
 import runpy
@@ -18,7 +19,7 @@ from types import TracebackType
 
 from .. import worker
 from ..shared import contract, failures, markers
-from ..shared.processes import die_with_parent
+from ..shared.processes import die_with_parent, end_data_loader_workers
 from . import groups, waits
 
 _script: str | None = None
@@ -30,8 +31,23 @@ def main() -> None:
     sys.argv = [script, *args]
     sys.path[0:1] = import_path(script)
     bootstrap(script)
-    namespace = runpy.run_path(script, run_name="__main__")
+    try:
+        namespace = runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit:
+        if exit.code not in (None, 0):
+            _report_exception(SystemExit, exit, exit.__traceback__)
+            raise  # the rank ends with the script's exit code, as under plain Python
+        namespace = _script_globals(exit.__traceback__, script)  # sys.exit(0): a normal end
     end_rank(namespace)
+
+
+def _script_globals(tb: TracebackType | None, script: str) -> dict:
+    """The globals of the script that raised SystemExit (runpy returns none then)."""
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == script:
+            return tb.tb_frame.f_globals
+        tb = tb.tb_next
+    return {}
 
 
 def import_path(script: str) -> list[str]:
@@ -71,6 +87,7 @@ def end_rank(namespace: dict) -> None:
     worker.flush()
     markers.mark(markers.COMPLETED, worker.rank())
     worker.forget_flush_callbacks()
+    end_data_loader_workers()  # before the collector frees them: processes.py says why
     namespace.clear()
     gc.collect()
     _destroy_process_group()  # groups.install() keeps the destroyed groups: not released
@@ -96,6 +113,7 @@ def bootstrap(script: str | None = None) -> None:
     if contract.COLLECTIVE_TIMEOUT in os.environ:
         waits.start(worker.rank(), collective_timeout(), _end_stalled_rank)
     sys.excepthook = _report_exception
+    _record_crashes()
     atexit.register(_destroy_process_group)
     markers.mark(markers.STARTED, worker.rank())
 
@@ -128,6 +146,21 @@ def _report_exception(
     # sys.__stderr__: init_process_group wraps the excepthook and would prefix "[rankN]:".
     notice = f"{kind.__name__}: {error}  (traceback in the launch error)"
     print(notice, file=sys.__stderr__, flush=True)
+
+
+def _record_crashes() -> None:
+    """Python's faulthandler writes where the rank was if it dies of a fatal signal (SIGSEGV,
+    SIGABRT, ...) into errors/fault-rank<R>.txt, which the launch error quotes (the rank's
+    own stderr is left as it is)."""
+    error_dir = os.environ.get(contract.ERROR_DIR)
+    if error_dir is None:
+        return
+    global _fault_file
+    _fault_file = open(failures.fault_file(error_dir, worker.rank()), "w")  # noqa: SIM115
+    faulthandler.enable(_fault_file, all_threads=False)
+
+
+_fault_file = None  # kept open for faulthandler until the rank ends
 
 
 def _end_stalled_rank(failure: failures.RankFailure) -> None:

@@ -38,6 +38,7 @@ from ..shared.contract import (
     RunCell,
     Value,
 )
+from ..shared.processes import end_data_loader_workers
 from ..shared.records import to_numpy
 from . import groups, waits
 from .where import Whereabouts
@@ -201,6 +202,7 @@ def _leave(channel: Channel) -> None:
     import torch.distributed as dist
 
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    end_data_loader_workers()  # while the cells' namespace is alive (shared.processes)
     worker.flush()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -5,6 +5,8 @@ Environment variables, set by the kernel for every agent and rank
 ------------------------------------------------------------------
 DDP_KIT_BACKEND             the run's backend choice, "gloo" or "nccl" (worker.backend() turns
                             it into init_process_group's string)
+DDP_KIT_DEVICE              the run's device kind, "cpu" or "cuda" (worker.device() reads it; unset:
+                            cuda under nccl, else cpu)
 DDP_KIT_COLLECTIVE_TIMEOUT  seconds a collective waits for the other ranks before it raises
                             (the runner makes it init_process_group's default timeout)
 DDP_KIT_DEVICE_OFFSET       the index of this node's first GPU (agents on one machine share it)
@@ -20,16 +22,22 @@ Switches, set by a user or a test run, and read where they act
 DDP_KIT_PROGRESS=0          no status line while a launch starts (kernel)
 DDP_KIT_NOTES_FILE=PATH     notes go to this file instead of under the cell (kernel)
 DDP_KIT_NO_PDEATHSIG=1      no Linux parent-death signal: the portable watchdog alone (ranks)
+DDP_KIT_SHARED_GPU=1        with fewer GPUs than ranks (at least one), "auto" runs gloo on the GPUs,
+                            shared: rank i on cuda:(i mod GPUs) (kernel.backend; ./kit gpu-check)
 DDP_KIT_FAST_START=0        no fork server: every agent and rank starts as a fresh Python and
                             imports torch itself, as before the fast start (kernel)
 
 The run directory: one per launch or session, private (mode 0700)
 -----------------------------------------------------------------
+$TMPDIR/ddp_kit-run-XXXXXXXX/ (RUN_DIR_PREFIX), removed by the kernel when its run ends, and by
+the next run of any kernel if its kernel was killed (its owner file names a process that is gone)
+owner            "PID START": the kernel that made it, and that process's start time
 script.py        the code torchrun runs on every rank (unless launch() was given a .py file)
 session.key      a session's key (mode 0600)
 logs/node<N>/    torchrun's --log-dir of node N: <id>/attempt_<k>/<local rank>/{stdout,stderr}.log
 records/         rank<R>.json and rank<R>.npz: what rank R recorded (shared.records)
-errors/          rank<R>.json: rank R's uncaught exception, a RankFailure (shared.failures)
+errors/          rank<R>.json: rank R's uncaught exception, a RankFailure (shared.failures);
+                 fault-rank<R>.txt: where R was if a fatal signal killed it (faulthandler)
 markers/         started-rank<R>: R is bootstrapped and starts the script;
                  completed-rank<R>: R's script returned and its records are saved
 
@@ -67,6 +75,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 BACKEND = "DDP_KIT_BACKEND"
+DEVICE = "DDP_KIT_DEVICE"
 COLLECTIVE_TIMEOUT = "DDP_KIT_COLLECTIVE_TIMEOUT"
 DEVICE_OFFSET = "DDP_KIT_DEVICE_OFFSET"
 RECORD_DIR = "DDP_KIT_RECORD_DIR"
@@ -80,9 +89,12 @@ PROGRESS = "DDP_KIT_PROGRESS"
 NOTES_FILE = "DDP_KIT_NOTES_FILE"
 NO_PDEATHSIG = "DDP_KIT_NO_PDEATHSIG"
 FAST_START = "DDP_KIT_FAST_START"
+SHARED_GPU = "DDP_KIT_SHARED_GPU"
 
 STALLED_WAIT = "StalledWait"
 
+RUN_DIR_PREFIX = "ddp_kit-run-"
+OWNER_FILE = "owner"
 SCRIPT_FILE = "script.py"
 KEY_FILE = "session.key"
 LOGS, RECORDS, ERRORS, MARKERS = "logs", "records", "errors", "markers"

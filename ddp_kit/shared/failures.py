@@ -1,7 +1,10 @@
 """Rank failure reports: written by a failing rank, read back by the kernel (both ends here).
 
-A rank that raises writes ``rank<R>.json`` into the run's error directory; the launcher reads
-every report into a RankFailure, earliest first.
+A rank that raises (SystemExit with a non-zero code included) writes ``rank<R>.json`` into the
+run's error directory; the launcher reads every report into a RankFailure, earliest first. A
+rank killed by a fatal signal leaves its stack in ``fault-rank<R>.txt`` (Python's faulthandler);
+the kernel turns such an end, and an exit with no Python exception, into a RankFailure of type
+PROCESS_ENDED from torchrun's own summary (kernel.diagnose.process_ends).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import traceback
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import TracebackType
+
+PROCESS_ENDED = "ProcessEnded"  # a rank whose process ended without a Python exception
 
 
 @dataclass(frozen=True)
@@ -54,9 +59,20 @@ def drop_trailing(tb: TracebackType | None, filename: str) -> TracebackType | No
     return tb
 
 
+def fault_file(error_dir: str | Path, rank: int) -> Path:
+    """Where rank `rank`'s faulthandler writes its stack if a fatal signal kills it."""
+    return Path(error_dir) / f"fault-rank{rank}.txt"
+
+
 def earliest(failures: list[RankFailure]) -> RankFailure | None:
-    """The failure reported first (the others often follow from it), or None."""
-    return min(failures, key=lambda f: f.time) if failures else None
+    """The failure reported first (the others often follow from it), or None; when every rank
+    failed with the same error (type and message), rank 0's or the lowest rank's (each is its
+    own, and which came first is chance)."""
+    if not failures:
+        return None
+    if len(failures) > 1 and len({(f.type, f.message) for f in failures}) == 1:
+        return min(failures, key=lambda f: f.rank)
+    return min(failures, key=lambda f: f.time)
 
 
 def write_report(error_dir: Path, failure: RankFailure) -> Path:
