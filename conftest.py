@@ -3,12 +3,15 @@
 Set here, before any test, so that `pytest` alone (the README's command, run by ./kit test)
 and every child it starts see them: notebook kernels, torchrun agents and ranks.
 - DDP_KIT_TEST_RUN: a marker unique to this run; the orphan check counts only processes that
-  carry it (tests/support.py).
+  carry it (tests/support.py). Under pytest-xdist each worker is a run of its own: it inherits
+  the controller's marker and adds its name (PYTEST_XDIST_WORKER, "gw0"), so a worker's orphan
+  check never counts another worker's agents, ranks or fork servers.
 - PYTHONHASHSEED=0: set and dict orders in notebook outputs are the same every run.
 - DDP_KIT_PROGRESS=0: no launch status line in the outputs nbval compares.
 - DDP_KIT_NOTES_FILE: launch notes (a launch retried after gloo failed to connect, a crash
   after the work was done) go to artifacts/launch-notes.txt instead of into the outputs nbval
-  compares; the file is printed at the end of the run.
+  compares; the file is printed at the end of the run. Every worker appends to the one file
+  (each note is one write to a file opened for appending); only the controller empties it.
 - DDP_KIT_CPU_KERNELS (default "default"): which CPU kernels torch uses in every process of
   the run. The notebooks are refreshed with the native kernels, so an output that depends on
   the CPU fails here, on the machine that wrote it. "native" leaves the choice to torch.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +41,9 @@ CPU_KERNELS = {
 
 def _configure() -> None:
     os.environ.setdefault("DDP_KIT_TEST_RUN", secrets.token_hex(8))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # set by xdist before a worker's conftest
+    if worker and not os.environ["DDP_KIT_TEST_RUN"].endswith(f"-{worker}"):
+        os.environ["DDP_KIT_TEST_RUN"] += f"-{worker}"
     os.environ.setdefault("PYTHONHASHSEED", "0")
     os.environ.setdefault("DDP_KIT_PROGRESS", "0")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -54,7 +61,8 @@ _configure()
 
 
 def pytest_sessionstart(session) -> None:
-    Path(os.environ["DDP_KIT_NOTES_FILE"]).write_text("")
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller (or a run without xdist)
+        Path(os.environ["DDP_KIT_NOTES_FILE"]).write_text("")
 
 
 def pytest_report_header(config) -> str:
@@ -74,3 +82,39 @@ def pytest_terminal_summary(terminalreporter) -> None:
 def pytest_configure(config) -> None:
     if getattr(config.option, "nbval_sanitize_with", "absent") is None:
         config.option.nbval_sanitize_with = str(ROOT / "tests" / "nbval_sanitize.cfg")
+
+
+# The notebooks ./kit test --quick runs (with the tests that launch no torchrun job).
+QUICK_NOTEBOOKS = {"00_introduction.ipynb"}
+
+
+def _is_notebook(item) -> bool:
+    return getattr(item, "path", None) is not None and item.path.suffix == ".ipynb"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """nbval's items (one per notebook cell) carry no marker of their own: every notebook
+    starts ranks, so each is `torchrun`, and `-m "not torchrun"` runs no torchrun job; the
+    cells of QUICK_NOTEBOOKS are also `quick` (./kit test --quick selects them back)."""
+    for item in items:
+        if _is_notebook(item):
+            item.add_marker(pytest.mark.torchrun)
+            if item.path.name in QUICK_NOTEBOOKS:
+                item.add_marker(pytest.mark.quick)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a notebook's last cell, once nbval has shut its kernel down: no agent, rank or
+    fork server of this run (this worker's) may be left. The notebooks start the most ranks,
+    and the tests' own check (tests/conftest.py) never runs after them; a process left fails
+    the run as an error in the last cell's teardown."""
+    result = yield
+    if _is_notebook(item) and (nextitem is None or nextitem.path != item.path):
+        if str(ROOT / "tests") not in sys.path:
+            sys.path.insert(0, str(ROOT / "tests"))
+        from support import wait_until_gone
+
+        left = wait_until_gone(15)
+        assert not left, f"processes left running after {item.path.name}: {left}"
+    return result

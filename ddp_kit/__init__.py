@@ -33,10 +33,11 @@ In the ranks, imported by the students' code:
     link     an emulated slow network link (a comm hook)  profiling  profiled(): a rank's trace
 In the notebook, imported by the lessons:
     plots, comparisons  figures          widgets    StepExplorer        exercises  checks
-    reference  the one-process run       environment  this machine       facts  asserted facts
+    reference  the one-process run       environment  this machine
     tracing  the ranks' profiler traces merged, the overlap share
 In both:
     costmodel  the alpha-beta model of an all-reduce, the bucket overhead model
+    facts    asserted facts (same_bits, same_up_to_rounding, within): in cells and in ranks
 kernel/   the kit's machinery in the kernel: launch, session, channel, magic, torchrun (plumbing),
           fast_start, output, progress, diagnose, result, script, backend
 rank/     what runs below the kernel: agent (torchrun that dies with the kernel), runner (a rank's

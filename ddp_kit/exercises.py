@@ -406,7 +406,7 @@ def check_bucket_choice(
     if cap is None:
         print("Not answered yet: set `cap_mb` to one of the caps of the sweep.")
         return None
-    if cap not in measured:
+    if isinstance(cap, (bool, np.bool_)) or cap not in measured:  # True == 1: not a cap
         print(f"Not quite: {cap!r} is not one of the caps of the sweep: {sorted(measured)}.")
         return False
     best = min(measured, key=measured.get)
@@ -446,6 +446,10 @@ def check_ring(result: Any, expected: Any, sent: Any, predicted: float) -> bool 
 def check_half_bandwidth(answer: Any, fit: Any) -> bool | None:
     """All-reduce cost: the size at which beta x S equals alpha (S = alpha / beta), from the
     run's own fit, within 5 %."""
+    if not (fit.alpha > 0 and fit.beta > 0):
+        print(f"This run's fit has no half-bandwidth size (alpha {fit.alpha:.3g} s, beta "
+              f"{fit.beta:.3g} s/byte): run the measuring cell again.")  # fmt: skip
+        return None
     correct = fit.alpha / fit.beta
     number = _number(answer)
     if answer is not None and number is not None:

@@ -25,6 +25,15 @@ def pytest_generate_tests(metafunc):
         metafunc.definition.add_marker(pytest.mark.torchrun)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The marker added above stays on the definition, not on the items parametrize makes:
+    mark the items themselves, so `-m "not torchrun"` leaves out every WORKER file's runs."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if "run" in getattr(item, "fixturenames", ()) and hasattr(module, "WORKER"):
+            item.add_marker(pytest.mark.torchrun)
+
+
 @pytest.fixture(scope="module")
 def run(request):
     """The test file's WORKER, run under torchrun at this parameter's number of ranks."""

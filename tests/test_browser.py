@@ -125,7 +125,7 @@ def run_notebook(page, base: str, token: str, name: str) -> list[dict]:
         if state["status"] == "idle" and all(c["count"] for c in state["cells"]):
             return state["cells"]
         assert time.monotonic() < deadline, f"{name} did not finish: {state}"
-        time.sleep(1)
+        time.sleep(0.2)  # a poll: the cells' state is read again
 
 
 SCROLL_TO = """async (index) => {
@@ -134,10 +134,14 @@ SCROLL_TO = """async (index) => {
 }"""
 
 
+# Resolves once the browser has painted what the last script changed: two animation frames.
+PAINTED = """() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"""
+
+
 def screenshot(page, name: str, cell_index: int) -> None:
     """Save a screenshot with code cell number `cell_index` (counting all cells) at the top."""
     page.evaluate(SCROLL_TO, cell_index)
-    time.sleep(1)
+    page.evaluate(PAINTED)  # the scrolled notebook is on screen (not a guessed second)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 

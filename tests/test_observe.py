@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from support import WORKERS
 
 import ddp_kit
@@ -102,6 +103,7 @@ def test_buckets_one_at_first_then_rebuilt_in_backward_order(run):
     assert all(b["finished"] >= b["launched"] for b in later)
 
 
+@pytest.mark.torchrun
 def test_bucket_limits_25_mib_and_a_1_mib_first_bucket_after_the_rebuild():
     run = ddp_kit.launch(WORKERS / "buckets.py", nproc=2, output="quiet")
     records, mib, layer = run.records, 2**20, (256 * 256 + 256) * 4
@@ -115,6 +117,7 @@ def test_bucket_limits_25_mib_and_a_1_mib_first_bucket_after_the_rebuild():
     assert [b["numel"] * 4 for b in explicit] == [6 * layer]
 
 
+@pytest.mark.torchrun
 def test_recorder_alone_saves_a_single_step_at_exit():
     code = """
 import torch

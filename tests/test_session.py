@@ -89,7 +89,10 @@ from ddp_kit.kernel.session import Session
 session = Session(2, output="quiet")
 print("READY", flush=True)
 try:
-    session.run("import time\\ntime.sleep(60)")
+    session.run("import os, pathlib, time\\n"
+                "if 'RUNNING_MARKS' in os.environ:\\n"  # the test waits for both ranks' marks
+                "    pathlib.Path(os.environ['RUNNING_MARKS'], os.environ['RANK']).touch()\\n"
+                "time.sleep(60)")
 except KeyboardInterrupt as stop:
     print("INTERRUPTED", stop, flush=True)
     print("ALIVE", session.run("1 + 1").stdout, flush=True)
@@ -110,9 +113,11 @@ def start_kernel(code: str, env: dict | None = None) -> subprocess.Popen:
     return kernel
 
 
-def test_interrupting_the_kernel_interrupts_the_ranks_and_keeps_the_session():
-    kernel = start_kernel(KERNEL)
-    time.sleep(1)
+def test_interrupting_the_kernel_interrupts_the_ranks_and_keeps_the_session(tmp_path):
+    kernel = start_kernel(KERNEL, {"RUNNING_MARKS": str(tmp_path)})
+    deadline = time.monotonic() + 60  # the cell runs on both ranks (not a guessed second)
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     kernel.send_signal(signal.SIGINT)  # Jupyter's stop button
     out, _ = kernel.communicate(timeout=60)
     assert "INTERRUPTED The cell was interrupted; ranks 0-1 were interrupted." in out

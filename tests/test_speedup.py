@@ -21,13 +21,14 @@ def test_epoch_seconds_times_the_group_and_skips_the_others(run):
 @pytest.mark.torchrun
 def test_tinynet_is_slower_on_4_ranks_and_the_all_reduce_is_what_costs():
     """Notebook 17: TinyNet's step is almost all all-reduce latency, so an epoch on 4 ranks
-    takes longer than on 1 (2.6x to 4.3x longer in 3 runs on 2 shared cores; 5x in the saved
-    notebook), and the same epoch without the all-reduce (no_sync) takes no longer than with it
-    (0.09x to 0.73x in those runs; 10 % of slack for timing noise)."""
+    takes longer than on 1 (1.7x to 5.7x longer in 11 runs on 2 shared cores; 5x in the saved
+    notebook), and on 4 ranks the same epoch without the all-reduce (no_sync) takes no longer
+    than with it (0.08x to 0.22x in those runs; 10 % of slack for timing noise). On 1 rank the
+    difference is only DDP's fixed cost per step (20-30 %), within the noise of shared cores
+    (no_sync 2.3x slower in one loaded run): not asserted."""
     run = ddp_kit.launch(WORKERS / "speedup_tinynet.py", nproc=4, output="quiet")
     seconds = {(n, sync): float(run.records[f"tinynet/{n}/{sync}"][0][0])  # rank 0: in both
                for n in (1, 4) for sync in (True, False)}  # fmt: skip
     assert all(s > 0 for s in seconds.values()), seconds
     assert seconds[4, True] > seconds[1, True], seconds
-    for n in (1, 4):
-        assert seconds[n, False] <= 1.1 * seconds[n, True], (n, seconds)
+    assert seconds[4, False] <= 1.1 * seconds[4, True], seconds

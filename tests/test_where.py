@@ -150,7 +150,7 @@ def test_an_idle_session_stops_itself_and_the_next_cell_says_so():
         with pytest.raises(
             SessionError,
             match=r"stopped after 0\.\d min without a cell "
-            r"\(idle_timeout=3 s\), to free their memory \(\d\.\d\d GiB in all",
+            r"\(idle_timeout=3 s\), to free their memory \(PSS \d\.\d\d GiB\)",
         ):
             session.run("x")  # fmt: skip
         session.start()

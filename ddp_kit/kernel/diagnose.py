@@ -12,13 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..shared import contract
-from ..shared.failures import PROCESS_ENDED, RankFailure, earliest, fault_file
+from ..shared.failures import HANG_SIGNS, PROCESS_ENDED, RankFailure, earliest, fault_file
 from .output import span
 from .result import RunResult
 
-# What a rank's error says when its collective waited for ranks that never came (gloo's timeout)
-# or a peer's process went away mid-collective.
-HANG_SIGNS = ("Timed out waiting", "timed out", "Connection closed by peer", "Connection reset")
 # Every failure sign that the stress run and the benchmark count launches by.
 FAILURE_SIGNS = (*HANG_SIGNS, "terminate called", "connectFullMesh", "SIGABRT", "Segmentation",
                  "SIGSEGV")  # fmt: skip

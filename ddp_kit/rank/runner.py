@@ -34,8 +34,11 @@ def main() -> None:
     try:
         namespace = runpy.run_path(script, run_name="__main__")
     except SystemExit as exit:
-        if exit.code not in (None, 0):
-            _report_exception(SystemExit, exit, exit.__traceback__)
+        if exit.code not in (None, 0):  # reported (its stderr stays as plain Python leaves it)
+            error_dir = os.environ.get(contract.ERROR_DIR)
+            if error_dir is not None:
+                failure = failures.from_exception(worker.rank(), exit, exit.__traceback__, script)
+                failures.write_report(error_dir, failure)
             raise  # the rank ends with the script's exit code, as under plain Python
         namespace = _script_globals(exit.__traceback__, script)  # sys.exit(0): a normal end
     end_rank(namespace)

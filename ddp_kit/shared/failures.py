@@ -16,6 +16,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import TracebackType
 
+# What a rank's error says when its collective waited for ranks that never came (gloo's timeout)
+# or a peer's process went away mid-collective (kernel.diagnose explains them).
+HANG_SIGNS = ("Timed out waiting", "timed out", "Connection closed by peer", "Connection reset")
 PROCESS_ENDED = "ProcessEnded"  # a rank whose process ended without a Python exception
 
 
@@ -67,10 +70,13 @@ def fault_file(error_dir: str | Path, rank: int) -> Path:
 def earliest(failures: list[RankFailure]) -> RankFailure | None:
     """The failure reported first (the others often follow from it), or None; when every rank
     failed with the same error (type and message), rank 0's or the lowest rank's (each is its
-    own, and which came first is chance)."""
+    own, and which came first is chance), unless it is a collective that timed out (then the
+    first to time out waited longest)."""
     if not failures:
         return None
-    if len(failures) > 1 and len({(f.type, f.message) for f in failures}) == 1:
+    alike = len({(f.type, f.message) for f in failures}) == 1
+    hang = any(sign in failures[0].message for sign in HANG_SIGNS)
+    if len(failures) > 1 and alike and not hang:
         return min(failures, key=lambda f: f.rank)
     return min(failures, key=lambda f: f.time)
 

@@ -133,7 +133,8 @@ def end_data_loader_workers() -> int:
         return 0
     import gc
 
-    iterators = [obj for obj in gc.get_objects() if isinstance(obj, iterator_type)]
+    # type(), not isinstance: an object's __class__ may be a property that warns (torch's)
+    iterators = [obj for obj in gc.get_objects() if issubclass(type(obj), iterator_type)]
     for iterator in iterators:
         try:
             iterator._shutdown_workers()
