@@ -92,15 +92,34 @@ def _is_notebook(item) -> bool:
     return getattr(item, "path", None) is not None and item.path.suffix == ".ipynb"
 
 
+def _shares_a_module_fixture(item) -> bool:
+    """Whether the item uses one of the project's own fixtures that outlive a test (a
+    module's live session, its torchrun run, a JupyterLab server): set up once per module."""
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        for fixturedef in defs:
+            if fixturedef.scope != "function" and fixturedef.baseid:  # "": pytest's, plugins'
+                return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups, and before `-m`
 def pytest_collection_modifyitems(config, items) -> None:
     """nbval's items (one per notebook cell) carry no marker of their own: every notebook
     starts ranks, so each is `torchrun`, and `-m "not torchrun"` runs no torchrun job; the
-    cells of QUICK_NOTEBOOKS are also `quick` (./kit test --quick selects them back)."""
+    cells of QUICK_NOTEBOOKS are also `quick` (./kit test --quick selects them back).
+
+    Under pytest-xdist with `--dist loadgroup` (./kit test) what must stay in one process is
+    one group: a notebook's cells (in order, in one kernel), and a module's tests that share
+    a module-wide fixture. Every other test is a unit of its own, for any worker."""
     for item in items:
         if _is_notebook(item):
             item.add_marker(pytest.mark.torchrun)
             if item.path.name in QUICK_NOTEBOOKS:
                 item.add_marker(pytest.mark.quick)
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+        elif _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 @pytest.hookimpl(wrapper=True)
