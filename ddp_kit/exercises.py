@@ -307,9 +307,10 @@ def check_global_eval(run: Any, size: int) -> bool | None:
 
 def check_early_stop(records: Any, target: float) -> bool | None:
     """Debugging: every rank stops training at the same step (the stopping rule decided on
-    numbers every rank shares), with the same weights, once the loss over all ranks is below
-    `target`. Reads what the last run of `train_until` and the cell after it recorded (at
-    step 0, each run replacing the last)."""
+    numbers every rank shares), with the same weights, at the first step where the loss over
+    all ranks (their mean) is below `target` (a rule that stops at that same step, by chance,
+    cannot be told apart). Reads what the last run of `train_until` and the cell after it
+    recorded (at step 0, each run replacing the last)."""
     world = records.world_size
     stopped = [r for r in range(world) if "early/steps" in records.per_rank[r]]
     if not stopped:
@@ -380,15 +381,20 @@ def check_own_ddp(records: Any, mine: str, reference: str) -> bool | None:
     step = records.get(f"{mine}/buckets", records.steps(f"{mine}/buckets")[-1], 0)
     parameters = len(step["ready"])  # the timeline notes when each parameter's gradient was ready
     early = min(c["launched"] for c in step["buckets"]) < max(step["ready"].values())
-    blocking = sum(not c.get("async", True) for c in step["buckets"])
+    last_ready = max(step["ready"].values())
+    blocking = sum(not c.get("async", True) or c.get("waited", math.inf) < last_ready
+                   for c in step["buckets"])  # fmt: skip
     if calls != parameters or not early or blocking:
         problems = ([f"{calls} all-reduce call(s) per step, not one per parameter ({parameters})"]
                     if calls != parameters else [])  # fmt: skip
         if not early:
             problems.append("every all-reduce started after backward: start each from its hook")
         if blocking:
-            problems.append(f"{blocking} all-reduce(s) blocked backward until they were done: "
-                            "start each with async_op=True and wait in `finish`")  # fmt: skip
+            problems.append(
+                f"{blocking} all-reduce(s) blocked backward until they were done (a call "
+                "without async_op=True, or its wait() inside the hook): start each with "
+                "async_op=True, keep the handle and wait in `finish`"
+            )
         print("Not yet: the gradients are right, but " + "; ".join(problems) + ".")
         return False
     print(

@@ -190,6 +190,21 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
+class _WatchedWork:
+    """An asynchronous all_reduce's Work as AllReduceTimeline hands it back: the same, but its
+    first wait() is noted in the call (`waited`), so a wait inside backward can be told."""
+
+    def __init__(self, work: Any, call: dict[str, Any]) -> None:
+        self._work, self._call = work, call
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._call.setdefault("waited", time.time())
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
 class AllReduceTimeline:
     """Watch data parallelism written by hand, as GradientRecorder watches DDP.
 
@@ -202,7 +217,8 @@ class AllReduceTimeline:
     before that code's (PyTorch runs a tensor's hooks in the order they were registered), so
     each gradient's ready time is noted before the all-reduce it may start. Inside
     `step(n)`, every `dist.all_reduce` call is timed: when it started and when it finished (an
-    asynchronous one, `async` noted: when its future completed). At the end of the block it records
+    asynchronous one, `async` noted: when its future completed; its Work's first wait(), if
+    any, is noted as `waited`). At the end of the block it records
     ``buckets`` under `prefix` at step n, in GradientRecorder's format, so that
     plots.bucket_timeline draws both alike; here a "bucket" is one all_reduce call, whatever
     tensor it was given (its `params` are not known: empty).
@@ -232,10 +248,10 @@ class AllReduceTimeline:
             call["async"] = work is not None
             if work is None:  # a blocking call has finished when it returns
                 call["finished"] = time.time()
-            else:
-                done = work.get_future().then(lambda _: call.__setitem__("finished", time.time()))
-                noted.append((call, work, done))
-            return work
+                return None
+            done = work.get_future().then(lambda _: call.__setitem__("finished", time.time()))
+            noted.append((call, work, done))
+            return _WatchedWork(work, call)
 
         dist.all_reduce = functools.wraps(original)(timed)
         try:

@@ -87,7 +87,7 @@ def make_image_dataset(size: int = 512, seed: int = 0) -> TensorDataset:
 
 def make_conv_model(seed: int = 0) -> nn.Module:
     """A small CNN, 3 -> 16 -> 32 channels of 3 x 3 convolutions on 32 x 32 images: 5,121
-    weights, each used at every pixel, so much computation per weight."""
+    weights, all but the last layer's 33 used at every pixel, so much computation per weight."""
     torch.manual_seed(seed)
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),

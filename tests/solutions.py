@@ -135,7 +135,10 @@ EXERCISES = [
              wrong="        self.pending.append(dist.all_reduce(param.grad, async_op=True))",
              more_wrong=(("pass  # your code: divide, start the all-reduce, keep its handle",
                           "param.grad /= dist.get_world_size()\n"
-                          "        dist.all_reduce(param.grad)"),)),   # blocking: no overlap
+                          "        dist.all_reduce(param.grad)"),   # blocking: no overlap
+                         ("pass  # your code: divide, start the all-reduce, keep its handle",
+                          "param.grad /= dist.get_world_size()\n"   # waited for at once
+                          "        dist.all_reduce(param.grad, async_op=True).wait()"))),
     Exercise("22_buckets_and_overlap", (1, 2, 4, 6, 17, 18), 22,
              edit="cap_mb = None", right="cap_mb = min(measured, key=measured.get)",
              wrong="cap_mb = 25"),

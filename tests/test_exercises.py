@@ -117,8 +117,9 @@ def test_the_ring_check_reads_the_tensor_and_only_shows_the_bytes(capsys):
 def test_the_own_ddp_check_wants_asynchronous_all_reduces_started_during_backward(capsys):
     grads = np.ones((3, 2, 5))  # [step, rank, number]
 
-    def records(launched, asynchronous=True, calls=2):
-        buckets = [{"launched": t, "finished": t + 0.1, "async": asynchronous} for t in launched]
+    def records(launched, asynchronous=True, calls=2, waited=3.0):
+        buckets = [{"launched": t, "finished": t + 0.1, "async": asynchronous, "waited": waited}
+                   for t in launched]  # fmt: skip
         step = {"buckets": buckets, "ready": {"w": 1.0, "b": 2.0}}
         per_rank = [{"mine/grad": dict(enumerate(grads[:, r])), "ddp/grad": dict(enumerate(
             grads[:, r])), "mine/calls": {0: calls}, "mine/buckets": {0: step}} for r in range(2)]
@@ -127,6 +128,8 @@ def test_the_own_ddp_check_wants_asynchronous_all_reduces_started_during_backwar
     assert exercises.check_own_ddp(records([1.0, 2.0]), "mine", "ddp") is True
     assert exercises.check_own_ddp(records([1.0, 2.0], asynchronous=False), "mine", "ddp") is False
     assert "2 all-reduce(s) blocked backward" in capsys.readouterr().out
+    # async_op=True, but wait() right away in the hook, before the last gradient was ready
+    assert exercises.check_own_ddp(records([1.0, 2.0], waited=1.5), "mine", "ddp") is False
     assert exercises.check_own_ddp(records([2.5, 2.6]), "mine", "ddp") is False  # after backward
     assert exercises.check_own_ddp(records([1.0, 2.0], calls=1), "mine", "ddp") is False
     before = {"all_gather_single": 200, "reduce_scatter_single": 400}
