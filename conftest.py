@@ -92,34 +92,58 @@ def _is_notebook(item) -> bool:
     return getattr(item, "path", None) is not None and item.path.suffix == ".ipynb"
 
 
-def _shares_a_module_fixture(item) -> bool:
-    """Whether the item uses one of the project's own fixtures that outlive a test (a
-    module's live session, its torchrun run, a JupyterLab server): set up once per module."""
+# Under pytest-xdist, ./kit test runs `--dist loadfile`: a file is one unit of work, run whole
+# by one worker (a notebook's cells in order in one kernel; a module's live session, torchrun
+# run or JupyterLab server set up once). These files are split into one unit per test instead:
+# the slowest, whose tests share nothing but the process (no fixture wider than a test), so
+# their waits (collective timeouts, interrupt grace periods, killed kernels) overlap.
+SPLIT_FILES = {
+    "test_reliability.py", "test_session.py", "test_fast_start.py", "test_wheel.py",
+    "test_bench_smoke.py", "test_debugging.py", "test_tutorial.py", "test_examples.py",
+    "test_build_it.py", "test_where.py",
+}  # fmt: skip
+
+
+def _module_fixtures(item) -> list[str]:
+    """The project's fixtures that outlive a test which the item uses (pytest's and plugins'
+    own, such as tmp_path_factory, have no base id and are left out)."""
     info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
-        for fixturedef in defs:
-            if fixturedef.scope != "function" and fixturedef.baseid:  # "": pytest's, plugins'
-                return True
-    return False
+    return [name for name, defs in (info.name2fixturedefs.items() if info else ())
+            if any(d.scope != "function" and d.baseid for d in defs)]  # fmt: skip
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups, and before `-m`
+@pytest.hookimpl(optionalhook=True)  # a venv without pytest-xdist has no such hook
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with each test of SPLIT_FILES a unit of its own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SplitSlowFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if Path(path).name in SPLIT_FILES else path
+
+    return SplitSlowFiles(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items) -> None:
     """nbval's items (one per notebook cell) carry no marker of their own: every notebook
     starts ranks, so each is `torchrun`, and `-m "not torchrun"` runs no torchrun job; the
     cells of QUICK_NOTEBOOKS are also `quick` (./kit test --quick selects them back).
-
-    Under pytest-xdist with `--dist loadgroup` (./kit test) what must stay in one process is
-    one group: a notebook's cells (in order, in one kernel), and a module's tests that share
-    a module-wide fixture. Every other test is a unit of its own, for any worker."""
+    A test of SPLIT_FILES may use no fixture wider than a test (it may run in any worker)."""
     for item in items:
         if _is_notebook(item):
             item.add_marker(pytest.mark.torchrun)
             if item.path.name in QUICK_NOTEBOOKS:
                 item.add_marker(pytest.mark.quick)
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-        elif _shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
+        elif item.path.name in SPLIT_FILES and _module_fixtures(item):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses {_module_fixtures(item)}, set up once per module, but "
+                f"conftest.py SPLIT_FILES lets its tests run in different workers: take "
+                f"{item.path.name} out of SPLIT_FILES"
+            )
 
 
 @pytest.hookimpl(wrapper=True)

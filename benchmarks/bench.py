@@ -212,7 +212,7 @@ def alpha_beta(rows_per_ranks: dict) -> dict:
     return out
 
 
-def bucket_sweep(caps: list[float], steps: int) -> dict:
+def measure_bucket_sweep(caps: list[float], steps: int) -> dict:
     """Exposed communication against bucket_cap_mb on 2 ranks, on gloo alone and on the
     emulated links, with the model's prediction, in one run (notebook 22)."""
     _, stdout = kit_launch(WORKERS / "bucket_sweep.py", 2, [str(steps), *map(str, caps)])
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> dict:
         ),
         "memcpy": memcpy_bandwidth(),
         "allreduce": allreduce(ranks, sizes),
-        "bucket_sweep": bucket_sweep(
+        "bucket_sweep": measure_bucket_sweep(
             [0.5, 25] if args.smoke else [0.25, 0.5, 1, 2, 25], 2 if args.smoke else 6
         ),
         "live": live_ranks(ranks, 5 if args.smoke else 30, 1 if args.smoke else 3),

@@ -133,7 +133,7 @@ def speedup(epoch_seconds: Mapping[str, Mapping[int, float]]) -> Figure:
     return fig
 
 
-def bucket_sweep(
+def exposed_by_cap(
     caps: Sequence[float],
     measured: Mapping[float, float],
     predicted: Mapping[float, float],

@@ -119,7 +119,7 @@ def exposed_communication(
     return done - backward_seconds
 
 
-def bucket_sweep(
+def model_sweep(
     total_bytes: float, bucket_caps: Sequence[float], backward_seconds: float, link: AlphaBeta
 ) -> dict[float, float]:
     """exposed_communication for each bucket cap (bytes): `total_bytes` cut into buckets of
@@ -133,5 +133,5 @@ def bucket_sweep(
 
 
 def best_cap(sweep: dict[float, float]) -> float:
-    """The cap of a bucket_sweep with the least exposed time (of equal ones, the largest)."""
+    """The cap of a model_sweep with the least exposed time (of equal ones, the largest)."""
     return min(sweep, key=lambda cap: (sweep[cap], -cap))

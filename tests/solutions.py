@@ -111,7 +111,7 @@ EXERCISES = [
     Exercise("14_sharding_zero_fsdp", (1, 2, 4, 6, 8, 14), 16, check=(17,),
              edit="fully_shard(layer)", right="fully_shard(layer, reshard_after_forward=False)",
              wrong="fully_shard(layer, reshard_after_forward=True)"),
-    Exercise("15_uneven_inputs_join", (1, 5, 6), 16, check=(17,),
+    Exercise("15_uneven_inputs_join", (1, 6, 7), 17, check=(18,),
              edit='train_uneven("mine/", divide_by_initial_world_size=False)',
              right='train_uneven("mine/", hook=False, divide_by_initial_world_size=False)',
              wrong='train_uneven("mine/", hook=False)'),

@@ -121,11 +121,11 @@ def test_speedup_plots_one_rank_over_n_ranks_beside_the_ideal():
     assert legend_texts(ax) == ["ideal: n ranks, n times faster", "CNN", "TinyNet"]
 
 
-def test_bucket_sweep_plots_the_measured_points_and_the_models_line_in_ms():
+def test_exposed_by_cap_plots_the_measured_points_and_the_models_line_in_ms():
     caps = [0.5, 1, 25]
     measured = {0.5: 0.012, 1: 0.010, 25: 0.030}
     predicted = {0.5: 0.011, 1: 0.009, 25: 0.028}
-    ax = comparisons.bucket_sweep(caps, measured, predicted, title="On 1 Gbit/s").axes[0]
+    ax = comparisons.exposed_by_cap(caps, measured, predicted, title="On 1 Gbit/s").axes[0]
     model, points = ax.lines
     assert model.get_label() == "model (costmodel.exposed_communication)"
     assert model.get_linestyle() == "--"
@@ -140,7 +140,7 @@ def test_bucket_sweep_plots_the_measured_points_and_the_models_line_in_ms():
     assert ax.get_ylabel() == "exposed communication (ms)"
     assert ax.get_title() == "On 1 Gbit/s"
     assert legend_texts(ax) == ["model (costmodel.exposed_communication)", "measured"]
-    default = comparisons.bucket_sweep(caps, measured, predicted).axes[0]
+    default = comparisons.exposed_by_cap(caps, measured, predicted).axes[0]
     assert default.get_title() == "Exposed communication per step"
 
 

@@ -10,10 +10,10 @@ from ddp_kit.costmodel import (
     AlphaBeta,
     algbw,
     best_cap,
-    bucket_sweep,
     busbw,
     exposed_communication,
     fit,
+    model_sweep,
     ring_link,
 )
 
@@ -113,9 +113,9 @@ def test_the_link_sends_one_bucket_at_a_time():
     assert exposed_communication([3.0, 1.0], 4.0, link) == pytest.approx(3.0)
 
 
-def test_bucket_sweep_cuts_the_total_into_caps_and_a_remainder():
+def test_model_sweep_cuts_the_total_into_caps_and_a_remainder():
     link = AlphaBeta(alpha=1e-3, beta=1 / 1e9)
-    sweep = bucket_sweep(10 * MB, [4 * MB, 20 * MB], 0.05, link)
+    sweep = model_sweep(10 * MB, [4 * MB, 20 * MB], 0.05, link)
     three = exposed_communication([4 * MB, 4 * MB, 2 * MB], 0.05, link)
     assert sweep[4 * MB] == pytest.approx(three)
     assert sweep[20 * MB] == pytest.approx(link.seconds(10 * MB))
@@ -126,13 +126,13 @@ CAPS = [2.0**k for k in range(16, 29, 2)]  # 64 KiB .. 256 MiB
 
 def test_with_a_large_alpha_the_biggest_cap_wins():
     link = AlphaBeta(alpha=20e-3, beta=1 / 10e9)
-    sweep = bucket_sweep(100 * MB, CAPS, 0.05, link)
+    sweep = model_sweep(100 * MB, CAPS, 0.05, link)
     assert best_cap(sweep) == max(CAPS)
 
 
 def test_with_a_small_alpha_and_a_slow_link_a_middle_cap_wins():
     link = AlphaBeta(alpha=50e-6, beta=1 / 1e9)
-    sweep = bucket_sweep(100 * MB, CAPS, 0.1, link)
+    sweep = model_sweep(100 * MB, CAPS, 0.1, link)
     best = best_cap(sweep)
     assert min(CAPS) < best < max(CAPS)
     assert sweep[best] < sweep[max(CAPS)] / 3  # one bucket: all 0.1 s exposed
@@ -141,5 +141,5 @@ def test_with_a_small_alpha_and_a_slow_link_a_middle_cap_wins():
 
 def test_best_cap_breaks_ties_towards_the_larger_cap():
     assert best_cap({1.0: 0.5, 2.0: 0.25, 4.0: 0.25, 8.0: 0.75}) == 4.0
-    sweep = bucket_sweep(10 * MB, [16 * MB, 32 * MB], 0.1, LINK)  # both: one bucket
+    sweep = model_sweep(10 * MB, [16 * MB, 32 * MB], 0.1, LINK)  # both: one bucket
     assert best_cap(sweep) == 32 * MB

@@ -80,7 +80,7 @@ def predicted():
     backward, 1 Gbit/s Ethernet between 2 ranks."""
     link = costmodel.ring_link(*(50e-6, 1e9 / 8), ranks=2)
     caps = list(MEASURED)
-    sweep = costmodel.bucket_sweep(12 * 2**20, [c * 2**20 for c in caps], 0.020, link)
+    sweep = costmodel.model_sweep(12 * 2**20, [c * 2**20 for c in caps], 0.020, link)
     return dict(zip(caps, sweep.values(), strict=True))
 
 

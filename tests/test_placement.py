@@ -74,19 +74,34 @@ def check(*cells: str) -> list[str]:
     return [f"{f.call}: {f.what}" for f in found]
 
 
-def test_a_model_or_tensor_left_on_the_cpu_is_named():
-    assert check("model = DDP(make_model())") == [
-        "DDP(make_model()): the module is"]
-    assert check("x = torch.ones(2)\ndist.all_reduce(x)") == ["dist.all_reduce(x): the tensor is"]
-    assert check("net = make_model()\nnet = DDP(net)") == ["DDP(net): the module is"]
-    assert check("for layer in net:\n    fully_shard(layer)") == [
-        "fully_shard(layer): the module is"]
-    assert check("opt = ZeroRedundancyOptimizer(make_model().parameters(), lr=1)") == [
-        "ZeroRedundancyOptimizer(make_model().parameters(), lr=1): the parameters are"]
-    assert check("broadcast_parameters(make_model())") == [
-        "broadcast_parameters(make_model()): the module is"]
-    assert check("dist.isend(torch.zeros(3), 1)") == [
-        "dist.isend(torch.zeros(3), 1): the tensor is"]
+PLACED_X = "x = torch.ones(2, device=device())\n"
+# (code, what it finds): one finding each, "CALL: the module/tensor/parameters is/are"
+LEFT_ON_THE_CPU = [
+    ("model = DDP(make_model())", "DDP(make_model()): the module is"),
+    ("x = torch.ones(2)\ndist.all_reduce(x)", "dist.all_reduce(x): the tensor is"),
+    ("net = make_model()\nnet = DDP(net)", "DDP(net): the module is"),
+    ("for layer in net:\n    fully_shard(layer)", "fully_shard(layer): the module is"),
+    ("opt = ZeroRedundancyOptimizer(make_model().parameters(), lr=1)",
+     "ZeroRedundancyOptimizer(make_model().parameters(), lr=1): the parameters are"),
+    ("broadcast_parameters(make_model())", "broadcast_parameters(make_model()): the module is"),
+    ("dist.isend(torch.zeros(3), 1)", "dist.isend(torch.zeros(3), 1): the tensor is"),
+    ("dist.all_reduce(tensor=torch.ones(2))",
+     "dist.all_reduce(tensor=torch.ones(2)): the tensor is"),
+    ("m = DDP(make_model().to(torch.device('cpu')))",
+     "DDP(make_model().to(torch.device('cpu'))): the module is"),
+    # what leaves the device, or never reached it, is not placed
+    (PLACED_X + "dist.all_reduce(x.cpu())", "dist.all_reduce(x.cpu()): the tensor is"),
+    (PLACED_X + "dist.all_reduce(x.to('cpu'))", "dist.all_reduce(x.to('cpu')): the tensor is"),
+    (PLACED_X + "dist.all_reduce(torch.tensor([x.item()]))",
+     "dist.all_reduce(torch.tensor([x.item()])): the tensor is"),
+    (PLACED_X + "dist.all_reduce(torch.stack([x.sum(), torch.tensor(float(len(x)))]))",
+     "dist.all_reduce(torch.stack([x.sum(), torch.tensor(float(len(x)))])): the tensor is"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "finding"), LEFT_ON_THE_CPU)
+def test_a_model_or_tensor_left_on_the_cpu_is_named(code, finding):
+    assert check(code) == [finding]
 
 
 def test_placed_models_and_tensors_pass():
@@ -109,32 +124,19 @@ def test_a_name_is_read_in_its_own_cell_first_then_in_the_nearest_earlier_one():
     assert check("x = torch.ones(2)", placed_before, "dist.all_reduce(x)") == []
 
 
+WRAP = "class Wrap:\n    def __init__(self, model):\n        self.ddp = DDP(model)\n"
+
+
 def test_a_parameter_is_placed_only_when_every_call_passes_a_placed_argument():
     define = "def send(t):\n    dist.isend(t, 1)\n"
     assert check(define + "send(torch.ones(2, device=device()))") == []
     assert check(define + "send(torch.ones(2, device=device()))\nsend(torch.ones(2))") == [
         "dist.isend(t, 1): the tensor is"]
     # a class handed over as an argument, then called: its __init__'s parameters
-    wrap = ("class Wrap:\n    def __init__(self, model):\n        self.ddp = DDP(model)\n"
-            "def train(make_sync):\n    model = make_model(){to}\n    make_sync(model)\n"
+    wrap = (WRAP + "def train(make_sync):\n    model = make_model(){to}\n    make_sync(model)\n"
             "train(Wrap)\n")
     assert check(wrap.format(to=".to(device())")) == []
     assert check(wrap.format(to="")) == ["DDP(model): the module is"]
-
-
-def test_what_leaves_the_device_or_never_reached_it_is_not_placed():
-    x = "x = torch.ones(2, device=device())\n"
-    assert check(x + "dist.all_reduce(x.cpu())") == ["dist.all_reduce(x.cpu()): the tensor is"]
-    assert check(x + "dist.all_reduce(x.to('cpu'))") == [
-        "dist.all_reduce(x.to('cpu')): the tensor is"]
-    assert check(x + "dist.all_reduce(torch.tensor([x.item()]))") == [
-        "dist.all_reduce(torch.tensor([x.item()])): the tensor is"]
-    assert check(x + "dist.all_reduce(torch.stack([x.sum(), torch.tensor(float(len(x)))]))") == [
-        "dist.all_reduce(torch.stack([x.sum(), torch.tensor(float(len(x)))])): the tensor is"]
-    assert check("m = DDP(make_model().to(torch.device('cpu')))") == [
-        "DDP(make_model().to(torch.device('cpu'))): the module is"]
-    assert check("dist.all_reduce(tensor=torch.ones(2))") == [
-        "dist.all_reduce(tensor=torch.ones(2)): the tensor is"]
 
 
 def test_the_inputs_of_a_wrapped_model_are_checked():
@@ -152,8 +154,7 @@ def test_in_place_moves_devices_as_parameters_hooks_and_instances_are_followed()
                  "train(torch.device(f'cuda:{rank}'))") == []
     assert check("def hook(state, bucket):\n"
                  "    return dist.all_reduce(bucket.buffer(), async_op=True)") == []
-    instance = ("class Wrap:\n    def __init__(self, model):\n        self.ddp = DDP(model)\n"
-                "    def __call__(self, x):\n        return self.ddp(x)\n"
+    instance = (WRAP + "    def __call__(self, x):\n        return self.ddp(x)\n"
                 "wrap = Wrap(make_model().to(device()))\nwrap({x})\n")
     assert check(instance.format(x="torch.ones(4, device=device())")) == []
     assert check(instance.format(x="torch.ones(4)")) == ["self.ddp(x): the input is"]

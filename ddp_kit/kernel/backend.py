@@ -96,6 +96,18 @@ def choose_backend(
     return BackendChoice("gloo", "cpu", "No CUDA GPU here: gloo on CPU.")
 
 
+def say_choice(choice: BackendChoice, ranks: int) -> None:
+    """Say under the cell what the choice means on this machine: why gloo on CPU although there
+    are GPUs (only then), and, for ranks on the CPU, that they outnumber its cores (once)."""
+    from .diagnose import say
+    from .torchrun import cores_note
+
+    say_fallback(choice)
+    note = cores_note(ranks) if choice.device == "cpu" else None
+    if note:
+        say(note)
+
+
 def say_fallback(choice: BackendChoice) -> None:
     """Say under the cell why the run uses gloo on CPU although there are GPUs (only then)."""
     if choice.fallback:

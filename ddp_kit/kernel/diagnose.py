@@ -21,8 +21,8 @@ FAILURE_SIGNS = (*HANG_SIGNS, "terminate called", "connectFullMesh", "SIGABRT", 
                  "SIGSEGV")  # fmt: skip
 
 # Raised by init_process_group when gloo cannot connect every pair of ranks ("Gloo
-# connectFullMesh failed with ... Connection closed by peer"): seen about once in 200 launches
-# on loopback, never twice in a row.
+# connectFullMesh failed with ... Connection closed by peer"): rare, never twice in a row
+# (docs/reliability.md, "Gloo fails to connect the ranks").
 CONNECT_SIGN = "connectFullMesh"
 
 # A rank's TCPStore client that found nobody at the rendezvous address (c10d's message).

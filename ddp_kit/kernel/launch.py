@@ -20,7 +20,7 @@ from ..shared.errors import Interrupted, LaunchTimeout, WorkerError
 from ..shared.markers import COMPLETED, ranks_marked
 from ..shared.records import Records
 from . import diagnose
-from .backend import choose_backend, say_fallback
+from .backend import choose_backend, say_choice
 from .output import RankOutput
 from .progress import LaunchProgress
 from .progress import wanted as progress_wanted
@@ -29,7 +29,6 @@ from .script import Script, write_script
 from .torchrun import (
     POLL_SECONDS,
     Agents,
-    cores_note,
     log_roots,
     make_run_dir,
     rank_env,
@@ -70,11 +69,8 @@ def launch(
     """
     validate(nproc, nnodes, timeout, collective_timeout, output, debug)
     script_args = validate_args(args)
-    note = cores_note(nproc * nnodes)
-    if note:
-        diagnose.say(note)
     choice = choose_backend(nproc * nnodes, backend)
-    say_fallback(choice)
+    say_choice(choice, nproc * nnodes)
     job = Job(
         script=script,
         nproc=nproc,

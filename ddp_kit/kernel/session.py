@@ -33,22 +33,14 @@ from ..shared.errors import CellError, Interrupted, LaunchConfigError, SessionEr
 from ..shared.failures import RankFailure
 from ..shared.records import Records
 from . import diagnose
-from .backend import choose_backend, say_fallback
+from .backend import choose_backend, say_choice
 from .channel import INTERRUPT_GRACE, Channel, Stop
 from .output import RankOutput, RankPrinter, span, validate_output
 from .progress import CellStatus, StartProgress, positions
 from .progress import wanted as status_wanted
 from .result import CellResult
 from .script import write_script
-from .torchrun import (
-    Agents,
-    cores_note,
-    log_roots,
-    make_run_dir,
-    rank_env,
-    torchrun_commands,
-    validate,
-)
+from .torchrun import Agents, log_roots, make_run_dir, rank_env, torchrun_commands, validate
 
 SERVER = "from ddp_kit.rank.server import serve\n\nserve()\n"
 START_TIMEOUT = 180.0  # torchrun, `import torch` and DDP's imports on every rank
@@ -96,9 +88,6 @@ class Session:
             raise LaunchConfigError(f"idle_timeout={idle_timeout!r}: give a positive number of "
                                     "seconds (the default, 1800, is 30 minutes).")  # fmt: skip
         self.nproc, self.nnodes = nproc, nnodes
-        note = cores_note(nproc * nnodes)
-        if note:
-            diagnose.say(note)
         self.choice = choose_backend(nproc * nnodes, backend)
         self.collective_timeout = collective_timeout
         self.cell_timeout = cell_timeout
@@ -147,7 +136,7 @@ class Session:
         """Start torchrun with a rank server on every rank; wait until every rank connects."""
         if self._agents is not None:
             raise SessionError("This session is already running: close() or restart() it.")
-        say_fallback(self.choice)
+        say_choice(self.choice, self.world_size)
         begin = time.perf_counter()
         self._run_dir = run_dir = make_run_dir()
         self._channel = Channel()

@@ -84,9 +84,8 @@ def end_rank(namespace: dict) -> None:
     be dropped on one of its own gloo threads, by a future callback that a comm hook chained
     with `.then` (GradientRecorder's holds the recorder, which holds the group), and the
     group's destructor then joins that very thread: "terminate called after throwing an instance of
-    'std::system_error' what(): Resource deadlock avoided" (tests/workers/autocast.py with a
-    GradientRecorder: 22 of 60 launches beside a CPU hog, 0 of 60 since; tests/test_reliability.py).
-    """
+    'std::system_error' what(): Resource deadlock avoided" (how often: docs/reliability.md;
+    tests/test_reliability.py)."""
     worker.flush()
     markers.mark(markers.COMPLETED, worker.rank())
     worker.forget_flush_callbacks()
