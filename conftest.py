@@ -102,6 +102,14 @@ SPLIT_FILES = {
     "test_bench_smoke.py", "test_debugging.py", "test_tutorial.py", "test_examples.py",
     "test_build_it.py", "test_where.py",
 }  # fmt: skip
+# Under xdist the units start in this order, the longest first, so none is left to run alone
+# at the end (docs/testing.md has the durations): these files, then the notebooks, then the
+# rest of tests/, each in collection order.
+LONGEST_FIRST = [
+    "tests/test_bench_smoke.py", "tests/test_wheel.py", "tests/test_launcher.py",
+    "tests/test_solutions.py", "tests/test_examples.py", "notebooks/17_when_ddp_pays_off.ipynb",
+    "notebooks/22_buckets_and_overlap.ipynb", "tests/test_observe.py",
+]  # fmt: skip
 
 
 def _module_fixtures(item) -> list[str]:
@@ -124,6 +132,7 @@ def pytest_xdist_make_scheduler(config, log):
             path = nodeid.split("::", 1)[0]
             return nodeid if Path(path).name in SPLIT_FILES else path
 
+    config.option.loadscopereorder = False  # the order is LONGEST_FIRST's (below)
     return SplitSlowFiles(config, log)
 
 
@@ -144,6 +153,15 @@ def pytest_collection_modifyitems(config, items) -> None:
                 f"conftest.py SPLIT_FILES lets its tests run in different workers: take "
                 f"{item.path.name} out of SPLIT_FILES"
             )
+    if "PYTEST_XDIST_WORKER" in os.environ:  # every worker sorts alike: the same collection
+
+        def start(item) -> tuple[int, int]:
+            path = item.path.relative_to(ROOT).as_posix()
+            if path in LONGEST_FIRST:
+                return 0, LONGEST_FIRST.index(path)
+            return (1 if _is_notebook(item) else 2), 0
+
+        items.sort(key=start)  # stable: a file's tests keep their order
 
 
 @pytest.hookimpl(wrapper=True)
