@@ -143,6 +143,15 @@ def reinit_help(failure: RankFailure) -> str:
     return REINIT_HELP if REINIT_SIGN in failure.message else ""
 
 
+def last_lines(rank: int, printed: str, count: int = 5) -> str:
+    """The last `count` non-empty lines a rank printed, marked with its rank, or a word that
+    it printed nothing."""
+    last = [line for line in printed.splitlines() if line.strip()][-count:]
+    if not last:
+        return "It printed nothing."
+    return "Its last lines:\n" + "\n".join(f"  [rank {rank}] {x}" for x in last)
+
+
 def process_ends(
     agent_log: str,
     reported: Sequence[int],
@@ -167,12 +176,8 @@ def process_ends(
         if code == 0 or stopped:
             continue
         where = fault_frames(fault_text(error_dir, rank)) if code < 0 else ""
-        last = [line for line in output.get(rank, "").splitlines() if line.strip()][-5:]
         details = [f"Where it was (Python's faulthandler, innermost last):\n{where}"] * bool(where)
-        if last:
-            details.append("Its last lines:\n" + "\n".join(f"  [rank {rank}] {x}" for x in last))
-        else:
-            details.append("It printed nothing.")
+        details.append(last_lines(rank, output.get(rank, "")))
         found.append(RankFailure(rank, PROCESS_ENDED, ended_text(rank, code),
                                  "\n\n".join(details), summary_time(when, root)))  # fmt: skip
     return found
@@ -288,9 +293,13 @@ def explain(result: RunResult, timeout: float, debug: str = "off") -> Explanatio
     failed = {f.rank for f in result.failures}
     finished = [r for r in result.completed if r not in failed]
     explanation = explain_failures(result.failures, finished, "the script")
-    note = detail_crash_note(debug, result.agent_log)
-    if note:
-        advice = "\n\n".join(filter(None, [explanation.advice, note]))
+    exit_lines = ""  # sys.exit's reason is printed, not raised (argparse's usage and error)
+    root = explanation.rank
+    if root is not None and any(f.type == "SystemExit" and f.rank == root for f in result.failures):
+        exit_lines = last_lines(root, result.stdout[root] + result.stderr[root])
+    extra = [exit_lines, detail_crash_note(debug, result.agent_log)]
+    if any(extra):
+        advice = "\n\n".join(filter(None, [*extra[:1], explanation.advice, *extra[1:]]))
         return Explanation(explanation.summary, advice, explanation.traceback, explanation.rank)
     return explanation
 
