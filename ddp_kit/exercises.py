@@ -348,11 +348,14 @@ def _first_step_below(target: float, world: int, size: int = 1024, batch: int = 
     """How many steps notebook 18's `train_until` takes when it stops at the first step whose
     loss over all ranks (the mean of their shards' losses) is below `target`: one process on
     the global batches gives the same losses (DDP averages the equal shards' gradients)."""
+    from torch.utils.data.distributed import DistributedSampler
+
     from .reference import global_batches, single_process_run
     from .toy import make_dataset, make_model
 
-    per_rank = [[list(range(r, size, world))[k * batch : (k + 1) * batch]
-                 for k in range(size // world // batch)] for r in range(world)]  # fmt: skip
+    shards = [list(DistributedSampler(range(size), num_replicas=world, rank=r, shuffle=False))
+              for r in range(world)]  # the notebook's sampler, without processes
+    per_rank = [[shard[k : k + batch] for k in range(0, len(shard), batch)] for shard in shards]
     losses = single_process_run(make_model(), make_dataset(size), global_batches(per_rank),
                                 lr).losses  # fmt: skip
     return next((k + 1 for k, loss in enumerate(losses) if loss < target), len(losses))

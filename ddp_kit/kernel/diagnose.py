@@ -293,14 +293,14 @@ def explain(result: RunResult, timeout: float, debug: str = "off") -> Explanatio
     failed = {f.rank for f in result.failures}
     finished = [r for r in result.completed if r not in failed]
     explanation = explain_failures(result.failures, finished, "the script")
-    exit_lines = ""  # sys.exit's reason is printed, not raised (argparse's usage and error)
     root = explanation.rank
-    if root is not None and any(f.type == "SystemExit" and f.rank == root for f in result.failures):
+    exit_lines = ""  # sys.exit's reason is printed, not raised (argparse's usage and error)
+    if any(f.type == "SystemExit" and f.rank == root for f in result.failures):
         exit_lines = last_lines(root, result.stdout[root] + result.stderr[root])
-    extra = [exit_lines, detail_crash_note(debug, result.agent_log)]
-    if any(extra):
-        advice = "\n\n".join(filter(None, [*extra[:1], explanation.advice, *extra[1:]]))
-        return Explanation(explanation.summary, advice, explanation.traceback, explanation.rank)
+    note = detail_crash_note(debug, result.agent_log)
+    if exit_lines or note:
+        advice = "\n\n".join(filter(None, [exit_lines, explanation.advice, note]))
+        return Explanation(explanation.summary, advice, explanation.traceback, root)
     return explanation
 
 
