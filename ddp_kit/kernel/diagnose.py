@@ -39,6 +39,9 @@ SUMMARY_ENTRY = re.compile(
     re.DOTALL,
 )
 ROOT_CAUSE = "Root Cause"
+# What torchrun's agent logs (torch.distributed.elastic.multiprocessing.api) each time a rank of
+# its node fails, before it restarts them (--max-restarts) or gives up: the first failure.
+ATTEMPT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
 # Signals torchrun sends to stop the other ranks once one has failed.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 FAULT_FRAME = re.compile(r'\s*File "(.+)", line (\d+) in (.+)')
@@ -298,10 +301,73 @@ def explain(result: RunResult, timeout: float, debug: str = "off") -> Explanatio
     if any(f.type == "SystemExit" and f.rank == root for f in result.failures):
         exit_lines = last_lines(root, result.stdout[root] + result.stderr[root])
     note = detail_crash_note(debug, result.agent_log)
-    if exit_lines or note:
-        advice = "\n\n".join(filter(None, [exit_lines, explanation.advice, note]))
+    ended = torchrun_root_cause(result, root) if explanation.traceback else ""  # else: said
+    if exit_lines or note or ended:
+        advice = "\n\n".join(filter(None, [exit_lines, explanation.advice, note, ended]))
         return Explanation(explanation.summary, advice, explanation.traceback, root)
     return explanation
+
+
+def torchrun_root_cause(result: RunResult, rank: int | None) -> str:
+    """torchrun's own word on the failed rank `rank` (its failure summary: the exit code), the
+    restarts it made before it gave up, and the rank its summary calls the root cause where
+    that is another: it takes the failure with the earliest error-file time, in whole seconds
+    (torch.distributed.elastic.multiprocessing.errors), so a rank that failed as a consequence
+    in the same second can be named. "" when the summary does not name `rank`."""
+    if ROOT_CAUSE not in result.agent_log:
+        return ""
+    failures_part, root_part = result.agent_log.split(ROOT_CAUSE, 1)
+    codes = {int(r): int(code) for _, r, code in SUMMARY_ENTRY.findall(failures_part)}
+    named = [(int(r), int(code)) for _, r, code in SUMMARY_ENTRY.findall(root_part)]
+    codes.update(named)
+    if rank not in codes:
+        return ""
+    tries = (f", after {result.restarts} restart(s) of every rank (max_restarts="
+             f"{result.max_restarts})" if result.restarts else "")  # fmt: skip
+    said = f"torchrun's summary: rank {rank} exited with code {codes[rank]}{tries}"
+    if named and named[0][0] != rank:
+        said += (f". It names rank {named[0][0]} as the root cause (\"first observed "
+                 "failure\"): it orders the failures by the whole second of their error files")
+    return said + ". The whole summary is in result.agent_log."
+
+
+def restart_notes(result: RunResult) -> list[str]:
+    """A note for each attempt that torchrun restarted (launch's max_restarts): the rank that
+    failed on its own and what it raised, or, if none reported an exception of its own, the
+    rank whose process torchrun's log says ended first and its exit code; then that every rank
+    started again. (A rank whose collective lost its peer failed as a consequence.)"""
+    logged = ATTEMPT_FAILED.findall(result.agent_log) if result.nnodes == 1 else []
+    notes = []
+    for attempt in result.attempts[:-1]:
+        own = [failure for failure in attempt.failures if not is_hang(failure)]
+        reported = {failure.rank for failure in attempt.failures}
+        first = logged[attempt.number : attempt.number + 1]  # [(exit code, rank)]
+        ended = [(int(code), int(rank)) for code, rank in first if int(rank) not in reported]
+        if own:
+            root = earliest(own)
+            what = f"rank {root.rank} raised {root.type}: {first_line(root.message)}"
+        elif ended:
+            what = ended_text(ended[0][1], ended[0][0]).removesuffix(".")
+        elif attempt.failures:  # torchrun's log named a rank that failed as a consequence
+            root = earliest(attempt.failures)
+            what = (f"rank {root.rank} lost its peer ({first_line(root.message)}): another "
+                    "rank's process had ended without a Python exception")  # fmt: skip
+        else:
+            what = "a rank failed (torchrun's log: result.agent_log)"
+        notes.append(f"Attempt {attempt.number}: {what}. " + restarted(result, attempt.number))
+    return notes
+
+
+def restarted(result: RunResult, attempt: int) -> str:
+    """What torchrun did after attempt `attempt` failed, with restarts left."""
+    return (f"torchrun stopped every rank and started all {result.world_size} again: restart "
+            f"{attempt + 1} of at most {result.max_restarts}, the ranks' "
+            f"TORCHELASTIC_RESTART_COUNT={attempt + 1}.")  # fmt: skip
+
+
+def first_line(text: str) -> str:
+    """The first line of `text` (an exception's message can run to many)."""
+    return text.strip().splitlines()[0] if text.strip() else text
 
 
 def teardown_note(result: RunResult) -> str | None:

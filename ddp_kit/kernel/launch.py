@@ -28,13 +28,16 @@ from .result import RunResult
 from .script import Script, write_script
 from .torchrun import (
     POLL_SECONDS,
+    RESTART_ENV,
     Agents,
     log_roots,
     make_run_dir,
     rank_env,
+    read_attempts,
     torchrun_commands,
     validate,
     validate_args,
+    validate_restarts,
 )
 
 
@@ -52,6 +55,8 @@ def launch(
     env: Mapping[str, str] | None = None,
     keep_run_dir: bool = False,
     check: bool = True,
+    max_restarts: int = 0,
+    monitor_interval: float | None = None,
 ) -> RunResult:
     """Run `script` (code text, a .py path or a function) on `nproc` ranks with torchrun.
 
@@ -66,8 +71,14 @@ def launch(
     collective is checked to be the same on every rank). A job whose ranks failed only because
     gloo could not connect them in init_process_group, before any printed, runs once more, with
     a note.
+
+    max_restarts=N lets torchrun restart every rank up to N times after one fails (torchrun's
+    --max-restarts; a rank reads its attempt from TORCHELASTIC_RESTART_COUNT), checking its
+    ranks every `monitor_interval` seconds (--monitor-interval; None: torchrun's 0.1 s). The
+    result's `attempts` hold what each attempt's ranks reported.
     """
     validate(nproc, nnodes, timeout, collective_timeout, output, debug)
+    validate_restarts(max_restarts, monitor_interval, timeout)
     script_args = validate_args(args)
     choice = choose_backend(nproc * nnodes, backend)
     say_choice(choice, nproc * nnodes)
@@ -84,6 +95,8 @@ def launch(
         debug=debug,
         env=dict(env or {}),
         keep_run_dir=keep_run_dir,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
     )
     result, ranks_output = job.run()
     retry_note = diagnose.launch_retry_note(result)
@@ -92,6 +105,9 @@ def launch(
         result, ranks_output = job.run()
         result.notes.insert(0, retry_note)
     ranks_output.show_rest()
+    for note in diagnose.restart_notes(result):
+        result.notes.append(note)
+        diagnose.say(note)
     note = diagnose.teardown_note(result)
     if note:
         result.notes.append(note)
@@ -121,6 +137,8 @@ class Job:
     debug: str
     env: dict[str, str]
     keep_run_dir: bool
+    max_restarts: int = 0
+    monitor_interval: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -133,7 +151,8 @@ class Job:
         try:
             path = write_script(run_dir, self.script)
             commands = torchrun_commands(path, self.nproc, self.nnodes, run_dir / contract.LOGS,
-                                         self.args)  # fmt: skip
+                                         self.args, max_restarts=self.max_restarts,
+                                         monitor_interval=self.monitor_interval)  # fmt: skip
             output = RankOutput(log_roots(run_dir, self.nnodes), self.nproc, self.output)
             enabled = self.output != "quiet" and progress_wanted()
             progress = LaunchProgress(output, run_dir / contract.MARKERS, self.world_size, enabled)
@@ -141,6 +160,8 @@ class Job:
             environment = rank_env(
                 run_dir, self.backend, self.collective_timeout, self.env, self.debug, self.device
             )
+            if self.max_restarts:
+                environment = {**RESTART_ENV, **environment}
             agents = Agents.start(commands, environment, self.nproc)
             outcome = self._watch(agents, output, progress)
             duration = time.perf_counter() - start
@@ -172,6 +193,8 @@ class Job:
                 commands=commands,
                 run_dir=run_dir if self.keep_run_dir else None,
                 completed=completed,
+                attempts=read_attempts(run_dir, self.nnodes, self.nproc, reports),
+                max_restarts=self.max_restarts,
             )
         finally:
             if not self.keep_run_dir:

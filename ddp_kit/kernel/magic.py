@@ -91,6 +91,17 @@ def torchrun_parser() -> MagicParser:
             "default": default_of(launch, "timeout"),
             "help": "seconds the whole run may take (default: %(default)s)",
         },
+        ("--max-restarts",): {
+            "type": int,
+            "default": default_of(launch, "max_restarts"),
+            "help": "times torchrun may restart every rank after one fails; a rank reads its "
+            "attempt from TORCHELASTIC_RESTART_COUNT (default: %(default)s)",
+        },
+        ("--monitor-interval",): {
+            "type": float,
+            "default": default_of(launch, "monitor_interval"),
+            "help": "seconds between torchrun's checks of its ranks (default: torchrun's, 0.1)",
+        },
         ("--result",): {
             "type": variable_name,
             "default": "last_run",

@@ -184,17 +184,18 @@ class Collapse:
 
 
 class _LogFile:
-    """One rank's log file, followed from where the last read stopped."""
+    """One rank's log file of one attempt, followed from where the last read stopped."""
 
     def __init__(self, root: Path, relative: str) -> None:
         self.root, self.relative = Path(root), relative
+        self.attempt = 0
         self.path: Path | None = None
         self.offset = 0
 
     def read_new(self) -> str:
         """Text written since the last call ("" if none, or the file does not exist yet)."""
         if self.path is None:
-            self.path = _find(self.root, self.relative)
+            self.path = _find(self.root, f"attempt_{self.attempt}/{self.relative}")
         if self.path is None or self.path.stat().st_size == self.offset:
             return ""
         with open(self.path, encoding="utf-8", errors="replace") as fh:
@@ -203,11 +204,22 @@ class _LogFile:
             self.offset = fh.tell()
         return chunk
 
+    def next_attempt(self) -> None:
+        """Follow the next attempt's file from its start (torchrun restarted the ranks)."""
+        self.attempt += 1
+        self.path, self.offset = None, 0
+
 
 def _find(root: Path, relative: str) -> Path | None:
     """torchrun writes logs under <log-dir>/<run id>/attempt_<n>/<local rank>/."""
-    matches = sorted(root.glob(f"*/attempt_*/{relative}"))
+    matches = sorted(root.glob(f"*/{relative}"))
     return matches[-1] if matches else None
+
+
+def restart_line(attempt: int) -> str:
+    """The line each rank's output gets where torchrun restarted it (--max-restarts): the
+    attempt is the ranks' TORCHELASTIC_RESTART_COUNT."""
+    return f"-- torchrun restarted every rank: attempt {attempt} --\n"
 
 
 class RankOutput(RankPrinter):
@@ -222,6 +234,8 @@ class RankOutput(RankPrinter):
         err: TextIO | None = None,
     ) -> None:
         super().__init__(range(len(log_roots) * nproc_per_node), mode, out, err)
+        self.roots = {node: Path(root) for node, root in enumerate(log_roots)}
+        self.nproc_per_node = nproc_per_node
         self.files = {
             (node * nproc_per_node + local, stream): _LogFile(root, f"{local}/{stream}.log")
             for node, root in enumerate(log_roots)
@@ -235,8 +249,28 @@ class RankOutput(RankPrinter):
                    if stream == "stdout")  # fmt: skip
 
     def poll(self) -> None:
-        """Read what the ranks wrote since the last poll and show what the mode allows now."""
-        for (rank, stream), log in self.files.items():
+        """Read what the ranks wrote since the last poll and show what the mode allows now;
+        where torchrun restarted a node's ranks, read their last attempt's lines to the end,
+        then a line that says so, then the next attempt's."""
+        self._read_files(self.files)
+        for node, root in self.roots.items():
+            own = {key: log for key, log in self.files.items()
+                   if key[0] // self.nproc_per_node == node}  # fmt: skip
+            while own and _find(root, f"attempt_{self._attempt(own) + 1}"):
+                self._read_files(own)
+                for (rank, stream), log in own.items():
+                    printed = log.offset > 0
+                    log.next_attempt()
+                    if stream == "stdout" or printed:  # stderr: where it had lines before
+                        self.write(rank, stream, restart_line(log.attempt))
+                self._read_files(own)
+
+    @staticmethod
+    def _attempt(files: dict) -> int:
+        return next(iter(files.values())).attempt
+
+    def _read_files(self, files: dict) -> None:
+        for (rank, stream), log in files.items():
             chunk = log.read_new()
             if chunk:
                 self.write(rank, stream, chunk)
@@ -244,7 +278,7 @@ class RankOutput(RankPrinter):
     def read_rest(self) -> None:
         """Read what the logs hold, for good: the ranks are done and the files may go."""
         self.poll()
-        self.files = {}
+        self.files, self.roots = {}, {}
         self.end_lines()
 
     def show_rest(self) -> None:

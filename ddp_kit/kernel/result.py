@@ -10,6 +10,16 @@ from ..shared.records import Records
 
 
 @dataclass
+class Attempt:
+    """One attempt of the whole job: torchrun starts every rank again after one failed, up to
+    max_restarts times. Its ranks' TORCHELASTIC_RESTART_COUNT is `number` (0 first)."""
+
+    number: int
+    failures: list[RankFailure] = field(default_factory=list)  # what its ranks reported
+    error_files: dict[int, dict] = field(default_factory=dict)  # rank -> what @record wrote
+
+
+@dataclass
 class RunResult:
     """Everything one torchrun launch produced. ``records["name"]`` is indexed [step, rank, ...]."""
 
@@ -31,11 +41,18 @@ class RunResult:
     run_dir: Path | None = None
     completed: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)  # the last one's failures: failures
+    max_restarts: int = 0  # how many restarts launch() allowed torchrun
 
     @property
     def world_size(self) -> int:
         """Total number of ranks (processes per node x nodes)."""
         return self.nproc * self.nnodes
+
+    @property
+    def restarts(self) -> int:
+        """How many times torchrun restarted every rank (launch's max_restarts)."""
+        return max(len(self.attempts) - 1, 0)
 
     @property
     def all_completed(self) -> bool:

@@ -16,6 +16,8 @@ The run directory's layout and the ranks' DDP_KIT_* variables are shared.contrac
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -29,19 +31,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..shared import contract
+from ..shared import contract, failures
 from ..shared.errors import LaunchConfigError
 from ..shared.processes import stop_tree
 from . import fast_start
 from .output import validate_output
+from .result import Attempt
 
 MAX_RANKS = 64
 MAX_NODES = 8
+MAX_RESTARTS = 100
 POLL_SECONDS = 0.05
 # one node: a c10d rendezvous on port 0 (torchrun picks a free port itself), all on loopback
 LOOPBACK_RENDEZVOUS = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
                        "--local-addr=127.0.0.1"]  # fmt: skip
 
+
+# A run with restarts (max_restarts > 0) gets a new TCPStore for every attempt. By default
+# (torch 2.13) torchrun's c10d rendezvous keeps one store for the ranks of every attempt, and
+# the keys that init_process_group writes there are the same each attempt: a restarted rank
+# can read the gloo address of a rank of the attempt before, and fail with "Gloo
+# connectFullMesh failed with ... timed out connecting: SO_ERROR: Connection refused" (6 of
+# 10 runs whose rank 1 raised at step 2, with 2 restarts allowed; with this setting, 0 of 10:
+# docs/upstream.md, section 7).
+RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 # debug= -> TORCH_DISTRIBUTED_DEBUG: "detail" checks before each collective that every rank calls
 # the same one with the same shapes, and names both when they differ (torch's ProcessGroupWrapper).
@@ -67,6 +80,26 @@ def validate(
     validate_output(output)
     if debug not in DEBUG_LEVELS:
         raise LaunchConfigError(f"debug={debug!r}: use one of {', '.join(DEBUG_LEVELS)}.")
+
+
+def validate_restarts(max_restarts: int, monitor_interval: float | None, timeout: float) -> None:
+    """Refuse bad restart settings (torchrun's --max-restarts, --monitor-interval) early."""
+    if (not isinstance(max_restarts, int) or isinstance(max_restarts, bool)
+            or not 0 <= max_restarts <= MAX_RESTARTS):  # fmt: skip
+        raise LaunchConfigError(
+            f"max_restarts={max_restarts!r}: use a whole number from 0 to {MAX_RESTARTS}: how "
+            "many times torchrun may restart every rank after one fails (0: the first failure "
+            "ends the job)."
+        )
+    if monitor_interval is None:
+        return
+    if (not isinstance(monitor_interval, (int, float)) or isinstance(monitor_interval, bool)
+            or not 0 < monitor_interval < timeout):  # fmt: skip
+        raise LaunchConfigError(
+            f"monitor_interval={monitor_interval!r}: give the seconds between torchrun's checks "
+            f"of its ranks, more than 0 and less than timeout ({timeout:g} s); torchrun's "
+            "default is 0.1."
+        )
 
 
 def available_cores() -> int:
@@ -171,6 +204,29 @@ def log_roots(run_dir: Path, nnodes: int) -> list[Path]:
     return [run_dir / contract.LOGS / f"node{node}" for node in range(nnodes)]
 
 
+def read_attempts(
+    run_dir: Path, nnodes: int, nproc: int, last_failures: list[failures.RankFailure]
+) -> list[Attempt]:
+    """The attempts of a launch's job (one, unless torchrun restarted its ranks): each with
+    what its ranks reported (errors/attempt<K>/, or `last_failures` for the last) and the
+    error files that torch's @record wrote (logs/node<N>/<id>/attempt_<K>/<local>/error.json,
+    torchrun's TORCHELASTIC_ERROR_FILE)."""
+    roots = log_roots(run_dir, nnodes)
+    count = 1 + max((int(path.name.removeprefix("attempt_")) for root in roots
+                     for path in root.glob("*/attempt_*")), default=0)  # fmt: skip
+    attempts = []
+    for number in range(count):
+        earlier = Path(contract.earlier_attempt(run_dir / contract.ERRORS, number))
+        reported = last_failures if number == count - 1 else failures.read_reports(earlier)
+        files = {}
+        for node, root in enumerate(roots):
+            for path in root.glob(f"*/attempt_{number}/*/error.json"):
+                with contextlib.suppress(OSError, ValueError):
+                    files[node * nproc + int(path.parent.name)] = json.loads(path.read_text())
+        attempts.append(Attempt(number, reported, dict(sorted(files.items()))))
+    return attempts
+
+
 def loopback_interface() -> str:
     """The name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
     import psutil
@@ -229,9 +285,18 @@ def rank_env(
 
 
 def torchrun_commands(
-    script: Path, nproc: int, nnodes: int, log_dir: Path, args: Sequence[str] = ()
+    script: Path,
+    nproc: int,
+    nnodes: int,
+    log_dir: Path,
+    args: Sequence[str] = (),
+    *,
+    max_restarts: int = 0,
+    monitor_interval: float | None = None,
 ) -> list[list[str]]:
-    """One torchrun command per node, all bound to 127.0.0.1."""
+    """One torchrun command per node, all bound to 127.0.0.1; with torchrun's restarts
+    (--max-restarts) and its interval between checks of the ranks (--monitor-interval) when
+    they are asked for."""
     if nnodes == 1:
         rendezvous = [LOOPBACK_RENDEZVOUS[:2]]
     else:  # static rendezvous, as on a cluster: node 0 hosts the store on a fixed port
@@ -246,6 +311,10 @@ def torchrun_commands(
             for node in range(nnodes)
         ]
     agent = [sys.executable, "-m", "ddp_kit.rank.agent", f"--nproc-per-node={nproc}"]
+    if max_restarts:
+        agent.append(f"--max-restarts={max_restarts}")
+    if monitor_interval is not None:
+        agent.append(f"--monitor-interval={monitor_interval:g}")
     return [
         [*agent, *rdzv, "--local-addr=127.0.0.1", "--redirects=3",
          f"--log-dir={log_dir / f'node{node}'}", "-m", "ddp_kit.rank.runner", str(script),

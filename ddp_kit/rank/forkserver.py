@@ -61,9 +61,15 @@ from dataclasses import dataclass
 # Set per run by the kit or by torchrun for its workers; every other variable is read by
 # Python or torch at start-up, or may be, so it must equal the server's.
 PER_RUN_PREFIXES = ("DDP_KIT_", "TORCHELASTIC_")
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE is read by torchrun's c10d rendezvous when the agent joins
+# a round, never at import (kernel.torchrun.RESTART_ENV sets it for runs with restarts).
+# PYTEST_CURRENT_TEST: pytest sets it anew for every phase of every test, and nothing imported
+# reads it; as a fixed variable it cost a kernel under pytest a new server (torch imported
+# again: 3 CPU seconds) for nearly every test: 143 servers in one run of the suite (#40).
 PER_RUN = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
            "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-           "TORCH_NCCL_ASYNC_ERROR_HANDLING"}  # fmt: skip
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+           "PYTEST_CURRENT_TEST"}  # fmt: skip
 # What the agent or a rank imports: torchrun (the agent), DDP and torch._dynamo, which DDP's
 # constructor imports (the ranks), and what the kit's agent, runner and live-rank server
 # import (not the agent and runner themselves: each runs as __main__).

@@ -110,6 +110,7 @@ def bootstrap(script: str | None = None) -> None:
     global _script
     _script = script
     die_with_parent()
+    keep_earlier_attempt(worker.rank())
     shorten_default_collective_timeout()
     groups.install()
     if contract.COLLECTIVE_TIMEOUT in os.environ:
@@ -118,6 +119,25 @@ def bootstrap(script: str | None = None) -> None:
     _record_crashes()
     atexit.register(_destroy_process_group)
     markers.mark(markers.STARTED, worker.rank())
+
+
+def keep_earlier_attempt(rank: int) -> None:
+    """After torchrun restarted the ranks (--max-restarts), move this rank's report and fault
+    file of the attempt before into errors/attempt<K>/, and remove its completed marker: the
+    kernel reads errors/ and markers/ as the last attempt's, and errors/attempt<K>/ as
+    attempt K's."""
+    attempt = int(os.environ.get(contract.RESTART_COUNT, "0"))
+    error_dir = os.environ.get(contract.ERROR_DIR)
+    if attempt == 0 or error_dir is None:
+        return
+    earlier = Path(contract.earlier_attempt(error_dir, attempt - 1))
+    earlier.mkdir(exist_ok=True)
+    for path in (Path(error_dir) / f"rank{rank}.json", failures.fault_file(error_dir, rank)):
+        if path.exists() and path.stat().st_size:
+            path.replace(earlier / path.name)
+    marker_dir = os.environ.get(contract.MARKER_DIR)
+    if marker_dir:
+        (Path(marker_dir) / f"{markers.COMPLETED}{rank}").unlink(missing_ok=True)
 
 
 def collective_timeout() -> timedelta:

@@ -37,9 +37,12 @@ session.key      a session's key (mode 0600)
 logs/node<N>/    torchrun's --log-dir of node N: <id>/attempt_<k>/<local rank>/{stdout,stderr}.log
 records/         rank<R>.json and rank<R>.npz: what rank R recorded (shared.records)
 errors/          rank<R>.json: rank R's uncaught exception, a RankFailure (shared.failures);
-                 fault-rank<R>.txt: where R was if a fatal signal killed it (faulthandler)
+                 fault-rank<R>.txt: where R was if a fatal signal killed it (faulthandler);
+                 attempt<K>/: both, of attempt K, moved there by rank R when torchrun
+                 restarted it (--max-restarts; R's attempt: TORCHELASTIC_RESTART_COUNT)
 markers/         started-rank<R>: R is bootstrapped and starts the script;
-                 completed-rank<R>: R's script returned and its records are saved
+                 completed-rank<R>: R's script returned and its records are saved (in the
+                 last attempt: a restarted rank removes its own)
 
 Messages of a live session: a multiprocessing connection on 127.0.0.1, authenticated both ways
 with the session's key before anything is read
@@ -99,6 +102,12 @@ SCRIPT_FILE = "script.py"
 KEY_FILE = "session.key"
 LOGS, RECORDS, ERRORS, MARKERS = "logs", "records", "errors", "markers"
 STARTED, COMPLETED = "started-rank", "completed-rank"
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: the attempt a rank belongs to (0 first)
+
+
+def earlier_attempt(error_dir: str | os.PathLike, attempt: int) -> str:
+    """errors/attempt<K>: where each rank's reports of attempt K go once it is restarted."""
+    return os.path.join(error_dir, f"attempt{attempt}")
 
 
 def written_by_kit(script: str | os.PathLike) -> bool:
