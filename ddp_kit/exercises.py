@@ -494,3 +494,30 @@ def check_bucket_count(answer: Any, built: list[int]) -> bool | None:
     return _verdict(answer, len(built), f"DDP built {len(built)} bucket(s): {sizes} bytes. The "
                     "first closes as soon as it holds 1 MiB: the output layer and one 512 x 512 "
                     "layer; all the others fit in one bucket under 25 MiB.")  # fmt: skip
+
+
+RESUMED_FROM = r"attempt 1: training from epoch (\d+) \(step (\d+)\)"
+
+
+def check_restart_cost(run: Any, fault_step: int, answer: Any) -> bool | None:
+    """Restarts: (the epoch that attempt 1 trained from, the steps done twice), read from what
+    rank 0 of `run` printed: attempt 1 resumed at the step its checkpoint's epoch starts at,
+    and the steps from there to the fault ran in both attempts."""
+    import re
+
+    found = re.findall(RESUMED_FROM, run.stdout[0])
+    if not found:
+        print("Not yet: that run made no restart. Give fault_step a step of the training "
+              "(0 to 23) and run the cell again.")  # fmt: skip
+        return False
+    epoch, start = (int(number) for number in found[0])
+    correct = (epoch, fault_step - start)
+    explain = (f"The last checkpoint before step {fault_step} was saved at the end of epoch "
+               f"{epoch - 1}, so attempt 1 trained from epoch {epoch} (step {start}): steps "
+               f"{start} to {fault_step - 1} ran twice, {fault_step - start} steps.")  # fmt: skip
+
+    def same(given: Any) -> bool:
+        pair = list(given) if isinstance(given, (tuple, list)) else []
+        return len(pair) == 2 and all(_number(g) == c for g, c in zip(pair, correct, strict=True))
+
+    return _verdict(answer, correct, explain, accept=same)

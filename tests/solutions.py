@@ -153,4 +153,6 @@ EXERCISES = [
     Exercise("23_profiler_trace", (1, 2, 4), 14, check=(15,),
              edit="cap_mb = 1   # your cap, in MiB", right="cap_mb = 25", wrong="cap_mb = 2"),
     Exercise("24_ddp_knobs", (1, 2, 4, 16), 17, **answer("2"), wrong="answer = 1"),
+    Exercise("25_a_rank_dies", (1, 3), 9, **answer("(2, 5)"), wrong="answer = (1, 5)",
+             more_wrong=(("answer = None", "answer = (2, 21)"),)),   # every step so far
 ]  # fmt: skip

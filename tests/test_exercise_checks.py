@@ -1,9 +1,11 @@
-"""Unit tests of four exercise checks of notebooks 21-24, on synthetic inputs whose right answer
+"""Unit tests of five exercise checks of notebooks 21-25, on synthetic inputs whose right answer
 is worked out here by hand: alpha-beta fits (ddp_kit.costmodel), bucket sweeps, merged traces.
 Each check must say "Correct!" to the right answer, "Not quite" to wrong ones, and return None
 (asking for an answer) to None."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from ddp_kit.exercises import (
     check_bucket_count,
     check_half_bandwidth,
     check_one_bucket_overlap,
+    check_restart_cost,
 )
 
 NOT_ANSWERED = "Not answered yet"
@@ -203,3 +206,34 @@ def test_bucket_count_follows_what_was_built_and_waits_for_an_answer(capsys):
     assert check_bucket_count(2, [3_411_976]) is False
     assert check_bucket_count(None, BUILT) is None
     assert NOT_ANSWERED in capsys.readouterr().out
+
+
+# --- notebook 25: what a restart costs ------------------------------------------------------
+
+# Rank 0's stdout of a job whose rank 1 failed at step 21, 8 steps an epoch, a checkpoint at
+# each epoch's end: the last before step 21 was epoch 1's, so attempt 1 trains from epoch 2
+# (step 16), and steps 16-20 ran twice.
+RESTARTED = SimpleNamespace(stdout=[
+    "attempt 0: training from epoch 0 (step 0)\n-- torchrun restarted every rank: attempt 1 --\n"
+    "attempt 1: training from epoch 2 (step 16)\n"
+])  # fmt: skip
+
+
+@pytest.mark.parametrize("answer", [(2, 5), [2, 5], (np.int64(2), 5), (2.0, 5.0)])
+def test_restart_cost_takes_the_epoch_and_the_steps_done_twice(answer, capsys):
+    assert check_restart_cost(RESTARTED, 21, answer) is True
+    assert capsys.readouterr().out.startswith("Correct! The last checkpoint before step 21")
+
+
+@pytest.mark.parametrize("answer", [(1, 5), (2, 21), (2, 4), (2.5, 5), 5, "2, 5", (2, 5, 0)])
+def test_restart_cost_refuses_other_pairs(answer, capsys):
+    assert check_restart_cost(RESTARTED, 21, answer) is False
+    assert capsys.readouterr().out.startswith("Not quite")
+
+
+def test_restart_cost_asks_for_an_answer_and_says_when_no_restart_happened(capsys):
+    assert check_restart_cost(RESTARTED, 21, None) is None
+    assert capsys.readouterr().out.startswith(NOT_ANSWERED)
+    no_restart = SimpleNamespace(stdout=["attempt 0: training from epoch 0 (step 0)\n"])
+    assert check_restart_cost(no_restart, 99, (3, 0)) is False
+    assert capsys.readouterr().out.startswith("Not yet: that run made no restart")

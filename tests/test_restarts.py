@@ -90,6 +90,20 @@ def train(folder, fault: str = "raise", fault_step: int = 6, failing: int = 1, *
                           **options)  # fmt: skip
 
 
+_uninterrupted: dict[str, np.ndarray] = {}
+
+
+def uninterrupted(tmp_path, start: str) -> np.ndarray:
+    """Rank 0's final weights of a run with no fault, in this start (one run per start)."""
+    if start not in _uninterrupted:
+        straight = train(
+            tmp_path / "straight", fault_step=-1, env=PLAIN if start == "plain" else None
+        )
+        assert straight.ok and straight.restarts == 0 and straight.notes == []
+        _uninterrupted[start] = straight.records["weights"][0, 0]
+    return _uninterrupted[start]
+
+
 @pytest.mark.parametrize("start", ["fast", "plain"])
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_rank_lost_on_the_first_attempt_is_restarted_and_resumes_bit_for_bit(
@@ -97,9 +111,8 @@ def test_a_rank_lost_on_the_first_attempt_is_restarted_and_resumes_bit_for_bit(
 ):
     env = PLAIN if start == "plain" else None
     resumed = train(tmp_path / "resumed", fault, max_restarts=2, env=env)
-    straight = train(tmp_path / "straight", fault_step=-1, env=env)
-    assert resumed.ok and resumed.restarts == 1 and straight.restarts == 0
-    assert np.array_equal(resumed.records["weights"][0, 0], straight.records["weights"][0, 0])
+    assert resumed.ok and resumed.restarts == 1
+    assert np.array_equal(resumed.records["weights"][0, 0], uninterrupted(tmp_path, start))
     assert np.array_equal(resumed.records["weights"][0, 0], resumed.records["weights"][0, 1])
     # what each rank printed: attempt 0 from epoch 0, the restart, attempt 1 from epoch 1
     assert (

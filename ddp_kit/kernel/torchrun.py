@@ -53,7 +53,7 @@ LOOPBACK_RENDEZVOUS = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
 # can read the gloo address of a rank of the attempt before, and fail with "Gloo
 # connectFullMesh failed with ... timed out connecting: SO_ERROR: Connection refused" (6 of
 # 10 runs whose rank 1 raised at step 2, with 2 restarts allowed; with this setting, 0 of 10:
-# docs/upstream.md, section 7).
+# docs/upstream.md, section 6).
 RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 # debug= -> TORCH_DISTRIBUTED_DEBUG: "detail" checks before each collective that every rank calls
