@@ -521,3 +521,46 @@ def check_restart_cost(run: Any, fault_step: int, answer: Any) -> bool | None:
         return len(pair) == 2 and all(_number(g) == c for g, c in zip(pair, correct, strict=True))
 
     return _verdict(answer, correct, explain, accept=same)
+
+
+def check_rank_augmentation(rows: Any) -> bool | None:
+    """Randomness: each rank's DataLoader workers have seeds no other rank's workers have (rows:
+    per rank, (sample, worker, worker seed, shift) of one epoch). Reproducibility is the
+    student's part: a generator seeded from the rank, not from the clock."""
+    seeds = [set(np.asarray(r)[:, 2].tolist()) for r in rows]
+    shared = set.intersection(*seeds)
+    if not shared:
+        print("Correct! No worker seed is shared between ranks: each rank's augmentation is its "
+              "own. Seeded with a number and the rank, it is also the same every run.")  # fmt: skip
+        return True
+    print(f"Not quite: the ranks' workers share {len(shared)} seed(s), so they make the same "
+          "random choices. Seed the generator with something that differs per rank "
+          "(the rank itself).")  # fmt: skip
+    return False
+
+
+def check_clip_after_sync(yours: Any, reference: Any) -> bool | None:
+    """Clipping: the step of the student's accumulation loop equals the reference's (clipped once,
+    after the last backward, whose all-reduce made every rank's gradient the same)."""
+    mine, right = np.asarray(yours[0]), np.asarray(reference[0])
+    same_ranks = all(np.array_equal(np.asarray(y), mine) for y in yours)
+    ok = same_ranks and np.allclose(mine, right, rtol=1e-6, atol=0)
+    if ok:
+        print("Correct! Clipped once, after the all-reduce: every rank scaled the same averaged "
+              "gradient by the same factor, as one process would for the whole batch.")  # fmt: skip
+    else:
+        print("Not quite: your weights differ from the reference's. Clip once, after the last "
+              "backward (outside no_sync).")  # fmt: skip
+    return ok
+
+
+def check_eval_wait(job: Any, evaluation_seconds: float) -> bool | None:
+    """Evaluation: the job whose rank 0 evaluated for `evaluation_seconds` while rank 1 waited at
+    a barrier of a group with a timeout of its own went on (rank 1 waited long enough)."""
+    if job.ok:
+        print(f"Correct! Rank 1 waited through rank 0's {evaluation_seconds:g} s evaluation. "
+              "Leave a margin: an evaluation can take longer on a busy machine.")  # fmt: skip
+        return True
+    print(f"Not yet: rank 1 gave up before rank 0's {evaluation_seconds:g} s evaluation ended. "
+          "Give its group a timeout longer than the evaluation takes.")  # fmt: skip
+    return False

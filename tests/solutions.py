@@ -50,6 +50,7 @@ class Exercise:
             "22",
             "23",
             "24",
+            "26",
         }
 
 
@@ -63,6 +64,8 @@ def answer(value: str) -> dict[str, str]:
     """An `answer = None` exercise: the answer replaces None."""
     return {"edit": "answer = None", "right": f"answer = {value}"}
 
+
+CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)"  # notebook 26, exercise 2
 
 EXERCISES = [
     Exercise("00_introduction", (4,), 10, **answer("3"), wrong="answer = 6"),
@@ -155,4 +158,16 @@ EXERCISES = [
     Exercise("24_ddp_knobs", (1, 2, 4, 16), 17, **answer("2"), wrong="answer = 1"),
     Exercise("25_a_rank_dies", (1, 3), 9, **answer("(2, 5)"), wrong="answer = (1, 5)",
              more_wrong=(("answer = None", "answer = (2, 21)"),)),   # every step so far
+    Exercise("26_what_ranks_share", (1, 2, 4, 7), 10, check=(11,),
+             edit="generator = None   # your generator for the DataLoader",
+             right="generator = torch.Generator().manual_seed(1234 + rank)",
+             wrong="generator = torch.Generator().manual_seed(1234)",   # the same on every rank
+             more_wrong=(("generator = None   # your generator for the DataLoader",
+                          "generator = torch.Generator()"),)),   # its fixed default seed
+    Exercise("26_what_ranks_share", (1, 2, 4, 13, 16), 19, check=(20,),
+             edit=f"        {CLIP}\noptimizer.step()", right=f"{CLIP}\noptimizer.step()",
+             wrong="optimizer.step()"),   # no clipping at all
+    Exercise("26_what_ranks_share", (1, 25), 27,
+             edit="seconds = 1   # the timeout of the group rank 1 waits in",
+             right="seconds = 30", wrong="seconds = 5"),
 ]  # fmt: skip

@@ -45,14 +45,25 @@ def kit_processes() -> list[psutil.Process]:
             k in cmdline for k in KIT_COMMANDS
         ):
             continue
-        if "ddp_kit.rank.forkserver" in cmdline and cmdline.endswith(f" {proc.ppid()}"):
-            continue  # a fork server with its kernel: `... forkserver SOCKET KERNEL_PID`
-        try:
+        try:  # each of these reads /proc: a process may end in between (then it is gone)
+            if "ddp_kit.rank.forkserver" in cmdline and cmdline.endswith(f" {proc.ppid()}"):
+                continue  # a fork server with its kernel: `... forkserver SOCKET KERNEL_PID`
             if proc.environ().get(RUN_MARKER) == marker:
                 found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+        except psutil.Error:  # NoSuchProcess (ended meanwhile), ZombieProcess, AccessDenied
             continue
     return found
+
+
+def describe(procs: list[psutil.Process]) -> list[str]:
+    """Each process as "PID COMMAND...", leaving out those that ended meanwhile."""
+    described = []
+    for proc in procs:
+        try:
+            described.append(f"{proc.pid} {' '.join(proc.cmdline()[:6])}")
+        except psutil.Error:
+            continue
+    return described
 
 
 def kit_roles() -> Counter:
@@ -78,7 +89,7 @@ def wait_until_gone(seconds: float = 5.0) -> list[str]:
     deadline = time.monotonic() + seconds
     while kit_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
-    return [f"{p.pid} {' '.join(p.cmdline()[:6])}" for p in kit_processes()]
+    return describe(kit_processes())
 
 
 def kit_frames(traceback: str) -> list[str]:

@@ -170,6 +170,7 @@ def test_restarts_used_up_end_the_job_saying_how_many_were_made(tmp_path):
         ({"monitor_interval": 0}, "monitor_interval=0: give the seconds between torchrun's"),
         ({"monitor_interval": "1"}, "monitor_interval='1': give the seconds"),
         ({"monitor_interval": 30, "timeout": 30}, "less than timeout (30 s)"),
+        ({"max_restarts": 1, "nnodes": 2}, "max_restarts=1 with nnodes=2: not supported"),
     ],
 )
 def test_bad_restart_settings_are_refused_before_anything_starts(options, said):

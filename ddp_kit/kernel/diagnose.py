@@ -334,8 +334,9 @@ def torchrun_root_cause(result: RunResult, rank: int | None) -> str:
 def restart_notes(result: RunResult) -> list[str]:
     """A note for each attempt that torchrun restarted (launch's max_restarts): the rank that
     failed on its own and what it raised, or, if none reported an exception of its own, the
-    rank whose process torchrun's log says ended first and its exit code; then that every rank
-    started again. (A rank whose collective lost its peer failed as a consequence.)"""
+    rank that torchrun's log names as its first failure (the earliest whole second) and its
+    exit code; then that every rank started again. (A rank whose collective lost its peer
+    failed as a consequence.)"""
     logged = ATTEMPT_FAILED.findall(result.agent_log) if result.nnodes == 1 else []
     notes = []
     for attempt in result.attempts[:-1]:

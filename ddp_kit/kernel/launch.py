@@ -78,7 +78,7 @@ def launch(
     result's `attempts` hold what each attempt's ranks reported.
     """
     validate(nproc, nnodes, timeout, collective_timeout, output, debug)
-    validate_restarts(max_restarts, monitor_interval, timeout)
+    validate_restarts(max_restarts, monitor_interval, timeout, nnodes)
     script_args = validate_args(args)
     choice = choose_backend(nproc * nnodes, backend)
     say_choice(choice, nproc * nnodes)

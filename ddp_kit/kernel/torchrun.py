@@ -47,13 +47,14 @@ LOOPBACK_RENDEZVOUS = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
                        "--local-addr=127.0.0.1"]  # fmt: skip
 
 
-# A run with restarts (max_restarts > 0) gets a new TCPStore for every attempt. By default
-# (torch 2.13) torchrun's c10d rendezvous keeps one store for the ranks of every attempt, and
-# the keys that init_process_group writes there are the same each attempt: a restarted rank
-# can read the gloo address of a rank of the attempt before, and fail with "Gloo
-# connectFullMesh failed with ... timed out connecting: SO_ERROR: Connection refused" (6 of
-# 10 runs whose rank 1 raised at step 2, with 2 restarts allowed; with this setting, 0 of 10:
-# docs/upstream.md, section 6).
+# A run with restarts (max_restarts > 0): rank 0 hosts a new store for init_process_group at
+# every attempt. By default (torch 2.13) torchrun's c10d rendezvous hands the ranks of every
+# attempt the same store, and the keys that init_process_group writes there are the same each
+# attempt: a restarted rank can read the gloo address of a rank of the attempt before, and fail
+# with "Gloo connectFullMesh failed with ... timed out connecting: SO_ERROR: Connection refused"
+# or wait in init_process_group. Through the kit, 6 of 10 runs whose rank 1 raised at step 2
+# (2 restarts allowed) needed a second restart or failed; with this setting, 10 of 10 resumed
+# at the first restart (docs/upstream.md, section 6).
 RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 # debug= -> TORCH_DISTRIBUTED_DEBUG: "detail" checks before each collective that every rank calls
@@ -82,7 +83,9 @@ def validate(
         raise LaunchConfigError(f"debug={debug!r}: use one of {', '.join(DEBUG_LEVELS)}.")
 
 
-def validate_restarts(max_restarts: int, monitor_interval: float | None, timeout: float) -> None:
+def validate_restarts(
+    max_restarts: int, monitor_interval: float | None, timeout: float, nnodes: int
+) -> None:
     """Refuse bad restart settings (torchrun's --max-restarts, --monitor-interval) early."""
     if (not isinstance(max_restarts, int) or isinstance(max_restarts, bool)
             or not 0 <= max_restarts <= MAX_RESTARTS):  # fmt: skip
@@ -90,6 +93,13 @@ def validate_restarts(max_restarts: int, monitor_interval: float | None, timeout
             f"max_restarts={max_restarts!r}: use a whole number from 0 to {MAX_RESTARTS}: how "
             "many times torchrun may restart every rank after one fails (0: the first failure "
             "ends the job)."
+        )
+    if max_restarts and nnodes > 1:
+        raise LaunchConfigError(
+            f"max_restarts={max_restarts} with nnodes={nnodes}: not supported. Several agents "
+            "use torchrun's static rendezvous, whose ranks share one store across attempts: a "
+            "restarted rank could read the addresses of the attempt before (docs/upstream.md, "
+            "section 6). Use nnodes=1 (nproc ranks on one agent)."
         )
     if monitor_interval is None:
         return

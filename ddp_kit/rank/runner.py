@@ -166,7 +166,10 @@ def _report_exception(
         return
     failures.write_report(error_dir, failures.from_exception(worker.rank(), error, tb, _script))
     # sys.__stderr__: init_process_group wraps the excepthook and would prefix "[rankN]:".
-    notice = f"{kind.__name__}: {error}  (traceback in the launch error)"
+    where = "the launch error"
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:  # torchrun may restart it
+        where += f", or result.attempts[{os.environ.get(contract.RESTART_COUNT, '0')}]"
+    notice = f"{kind.__name__}: {error}  (traceback in {where})"
     print(notice, file=sys.__stderr__, flush=True)
 
 
