@@ -524,14 +524,16 @@ def check_restart_cost(run: Any, fault_step: int, answer: Any) -> bool | None:
 
 
 def check_rank_augmentation(rows: Any) -> bool | None:
-    """Randomness: each rank's DataLoader workers have seeds no other rank's workers have (rows:
-    per rank, (sample, worker, worker seed, shift) of one epoch). Reproducibility is the
-    student's part: a generator seeded from the rank, not from the clock."""
+    """Randomness: no two ranks' DataLoader workers share a seed (rows: per rank, (sample,
+    worker, worker seed, shift) of one epoch). Reproducibility is the student's part: a
+    generator seeded with a fixed number and the rank, not the clock."""
     seeds = [set(np.asarray(r)[:, 2].tolist()) for r in rows]
-    shared = set.intersection(*seeds)
+    shared = {s for a in range(len(seeds)) for b in range(a + 1, len(seeds))
+              for s in seeds[a] & seeds[b]}  # fmt: skip
     if not shared:
-        print("Correct! No worker seed is shared between ranks: each rank's augmentation is its "
-              "own. Seeded with a number and the rank, it is also the same every run.")  # fmt: skip
+        print("Correct! No two ranks' workers share a seed: each rank's augmentation is its own. "
+              "If you seeded the generator with a fixed number plus the rank, it is also the "
+              "same every run.")  # fmt: skip
         return True
     print(f"Not quite: the ranks' workers share {len(shared)} seed(s), so they make the same "
           "random choices. Seed the generator with something that differs per rank "
@@ -556,11 +558,17 @@ def check_clip_after_sync(yours: Any, reference: Any) -> bool | None:
 
 def check_eval_wait(job: Any, evaluation_seconds: float) -> bool | None:
     """Evaluation: the job whose rank 0 evaluated for `evaluation_seconds` while rank 1 waited at
-    a barrier of a group with a timeout of its own went on (rank 1 waited long enough)."""
+    a barrier with a timeout of its own went on (rank 1 waited long enough)."""
     if job.ok:
         print(f"Correct! Rank 1 waited through rank 0's {evaluation_seconds:g} s evaluation. "
               "Leave a margin: an evaluation can take longer on a busy machine.")  # fmt: skip
         return True
-    print(f"Not yet: rank 1 gave up before rank 0's {evaluation_seconds:g} s evaluation ended. "
-          "Give its group a timeout longer than the evaluation takes.")  # fmt: skip
+    waited = [f for f in job.failures if "Timed out" in f.message]
+    if waited:
+        print(f"Not yet: rank 1 gave up before rank 0's {evaluation_seconds:g} s evaluation "
+              "ended. Give the barrier a timeout longer than the evaluation takes.")  # fmt: skip
+    else:
+        root = job.root_cause
+        said = f"{root.type}: {root.message}" if root else f"exit code {job.returncode}"
+        print(f"Not yet: the job failed otherwise, on {said}")
     return False

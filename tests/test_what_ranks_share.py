@@ -1,7 +1,7 @@
 """Notebook 26's claims about DataLoader workers and waits, on real runs: workers forked inside
 ranks (the fast start forks the ranks themselves) and in plainly started ranks; a barrier that
-times out under a long evaluation; monitored_barrier's timeout, which does not lengthen the
-other ranks' wait."""
+times out under a long evaluation; a barrier with a timeout of its own, or in a group of its
+own, that waits; monitored_barrier's timeout, which does not lengthen the other ranks' wait."""
 
 from __future__ import annotations
 
@@ -76,13 +76,14 @@ dist.destroy_process_group()
         ("dist.barrier()", "Timed out waiting 2000ms"),
         ("dist.monitored_barrier(timeout=timedelta(seconds=10))", "Timed out waiting 2000ms"),
         ("dist.barrier(group=patient)", None),
+        ("dist.barrier(timeout=timedelta(seconds=10))", None),
     ],
 )
 def test_a_wait_for_a_4_s_evaluation_lasts_as_long_as_its_group_allows(wait, ends):
     run = ddp_kit.launch(EVALUATION.replace("WAIT", wait), nproc=2, collective_timeout=2,
                          output="quiet", check=False)  # fmt: skip
     waited = float(run.records.get("waited", step=0, rank=1))
-    if ends is None:  # the group of its own, 10 s: rank 1 waits for rank 0's evaluation
+    if ends is None:  # a 10 s timeout of its own: rank 1 waits for rank 0's evaluation
         assert run.ok and 3.5 < waited < 10
     else:  # the default group's 2 s, whatever monitored_barrier's own timeout says
         (failure,) = [f for f in run.failures if f.rank == 1]
