@@ -39,6 +39,8 @@ ON_THE_CPU = {
     "gloo's CPU all-reduce; on GPUs the real link is measured in notebook 21",
     "23_profiler_trace.ipynb cell 4": "the overlap share reads gloo's ranges in a CPU trace; "
     "an nccl trace's collectives are GPU kernels (tracing refuses it: HTA reads those)",
+    "25_a_rank_dies.ipynb cell 15 (script)": "two bare torchrun agents stand for two machines: "
+    "their rendezvous is the lesson, and gloo on the CPU runs on any machine",
 }
 
 
