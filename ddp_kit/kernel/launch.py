@@ -153,7 +153,8 @@ class Job:
             commands = torchrun_commands(path, self.nproc, self.nnodes, run_dir / contract.LOGS,
                                          self.args, max_restarts=self.max_restarts,
                                          monitor_interval=self.monitor_interval)  # fmt: skip
-            output = RankOutput(log_roots(run_dir, self.nnodes), self.nproc, self.output)
+            output = RankOutput(log_roots(run_dir, self.nnodes), self.nproc, self.output,
+                                max_restarts=self.max_restarts)
             enabled = self.output != "quiet" and progress_wanted()
             progress = LaunchProgress(output, run_dir / contract.MARKERS, self.world_size, enabled)
             start = time.perf_counter()

@@ -232,16 +232,19 @@ class RankOutput(RankPrinter):
         mode: str = "collapsed",
         out: TextIO | None = None,
         err: TextIO | None = None,
+        max_restarts: int = 0,
     ) -> None:
         super().__init__(range(len(log_roots) * nproc_per_node), mode, out, err)
-        self.roots = {node: Path(root) for node, root in enumerate(log_roots)}
-        self.nproc_per_node = nproc_per_node
-        self.files = {
-            (node * nproc_per_node + local, stream): _LogFile(root, f"{local}/{stream}.log")
+        self.max_restarts = max_restarts
+        self.nodes = {  # a node's log root, and its ranks' files: (rank, stream) -> file
+            node: (Path(root), {
+                (node * nproc_per_node + local, stream): _LogFile(root, f"{local}/{stream}.log")
+                for local in range(nproc_per_node)
+                for stream in STREAMS
+            })
             for node, root in enumerate(log_roots)
-            for local in range(nproc_per_node)
-            for stream in STREAMS
-        }
+        }  # fmt: skip
+        self.files = {key: log for _, logs in self.nodes.values() for key, log in logs.items()}
 
     def ranks_started(self) -> int:
         """How many ranks torchrun has started: their stdout logs were found by a poll."""
@@ -253,21 +256,17 @@ class RankOutput(RankPrinter):
         where torchrun restarted a node's ranks, read their last attempt's lines to the end,
         then a line that says so, then the next attempt's."""
         self._read_files(self.files)
-        for node, root in self.roots.items():
-            own = {key: log for key, log in self.files.items()
-                   if key[0] // self.nproc_per_node == node}  # fmt: skip
-            while own and _find(root, f"attempt_{self._attempt(own) + 1}"):
-                self._read_files(own)
-                for (rank, stream), log in own.items():
+        for root, logs in self.nodes.values():
+            attempt = next(iter(logs.values())).attempt  # the same for all of a node's files
+            while attempt < self.max_restarts and _find(root, f"attempt_{attempt + 1}"):
+                self._read_files(logs)
+                for (rank, stream), log in logs.items():
                     printed = log.offset > 0
                     log.next_attempt()
                     if stream == "stdout" or printed:  # stderr: where it had lines before
                         self.write(rank, stream, restart_line(log.attempt))
-                self._read_files(own)
-
-    @staticmethod
-    def _attempt(files: dict) -> int:
-        return next(iter(files.values())).attempt
+                self._read_files(logs)
+                attempt += 1
 
     def _read_files(self, files: dict) -> None:
         for (rank, stream), log in files.items():
@@ -278,7 +277,7 @@ class RankOutput(RankPrinter):
     def read_rest(self) -> None:
         """Read what the logs hold, for good: the ranks are done and the files may go."""
         self.poll()
-        self.files, self.roots = {}, {}
+        self.files, self.nodes = {}, {}
         self.end_lines()
 
     def show_rest(self) -> None:

@@ -132,7 +132,7 @@ def keep_earlier_attempt(rank: int) -> None:
         return
     earlier = Path(contract.earlier_attempt(error_dir, attempt - 1))
     earlier.mkdir(exist_ok=True)
-    for path in (Path(error_dir) / f"rank{rank}.json", failures.fault_file(error_dir, rank)):
+    for path in (failures.report_file(error_dir, rank), failures.fault_file(error_dir, rank)):
         if path.exists() and path.stat().st_size:
             path.replace(earlier / path.name)
     marker_dir = os.environ.get(contract.MARKER_DIR)

@@ -62,6 +62,11 @@ def drop_trailing(tb: TracebackType | None, filename: str) -> TracebackType | No
     return tb
 
 
+def report_file(error_dir: str | Path, rank: int) -> Path:
+    """Where rank `rank` writes its report of an uncaught exception (write_report)."""
+    return Path(error_dir) / f"rank{rank}.json"
+
+
 def fault_file(error_dir: str | Path, rank: int) -> Path:
     """Where rank `rank`'s faulthandler writes its stack if a fatal signal kills it."""
     return Path(error_dir) / f"fault-rank{rank}.txt"
@@ -83,7 +88,7 @@ def earliest(failures: list[RankFailure]) -> RankFailure | None:
 
 def write_report(error_dir: Path, failure: RankFailure) -> Path:
     """Save `failure` as rank<R>.json in `error_dir`."""
-    path = Path(error_dir) / f"rank{failure.rank}.json"
+    path = report_file(error_dir, failure.rank)
     path.write_text(json.dumps(asdict(failure)))
     return path
 
