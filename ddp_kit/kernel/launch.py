@@ -105,13 +105,10 @@ def launch(
         result, ranks_output = job.run()
         result.notes.insert(0, retry_note)
     ranks_output.show_rest()
-    for note in diagnose.restart_notes(result):
-        result.notes.append(note)
-        diagnose.say(note)
-    note = diagnose.teardown_note(result)
-    if note:
-        result.notes.append(note)
-        diagnose.say(note)
+    for note in [*diagnose.restart_notes(result), diagnose.teardown_note(result)]:
+        if note:
+            result.notes.append(note)
+            diagnose.say(note)
     if result.interrupted:
         raise Interrupted(diagnose.explain(result, timeout).message)
     if check and not result.ok:
