@@ -572,3 +572,17 @@ def check_eval_wait(job: Any, evaluation_seconds: float) -> bool | None:
         said = f"{root.type}: {root.message}" if root else f"exit code {job.returncode}"
         print(f"Not yet: the job failed otherwise, on {said}")
     return False
+
+
+def check_compiled_pieces(reports: Any) -> bool | None:
+    """torch.compile: DDPOptimizer cut the compiled DDP model into exactly 3 pieces on every rank
+    (reports: per rank, what compile_and_step returned: its graph breaks and graph sizes)."""
+    pieces = [len(r["graphs"]) for r in reports]
+    if all(p == 3 for p in pieces):
+        print("Correct! Three pieces, each compiled with a backward of its own: a bucket goes "
+              "out as each piece's backward ends, while the next piece's runs.")  # fmt: skip
+        return True
+    print(f"Not quite: DDPOptimizer cut the model into {pieces[0]} piece(s). Counting from the "
+          "head back, the first piece ends at 1 MiB whatever the cap, the others once their "
+          "parameters reach your cap; each layer holds 1 MiB.")  # fmt: skip
+    return False

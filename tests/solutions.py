@@ -51,6 +51,7 @@ class Exercise:
             "23",
             "24",
             "26",
+            "27",
         }
 
 
@@ -170,4 +171,8 @@ EXERCISES = [
     Exercise("26_what_ranks_share", (1, 25), 28,
              edit="seconds = 1   # how long rank 1's barrier waits",
              right="seconds = 30", wrong="seconds = 3"),   # less than the 6 s evaluation
+    Exercise("27_torch_compile", (1, 2, 4, 6), 20, check=(21,),
+             edit="bucket_cap_mb = 1   # your cap, in MiB", right="bucket_cap_mb = 2",
+             wrong="bucket_cap_mb = 1",   # one piece per layer: 4
+             more_wrong=(("bucket_cap_mb = 1   # your cap, in MiB", "bucket_cap_mb = 25"),)),  # 2
 ]  # fmt: skip
