@@ -576,13 +576,19 @@ def check_eval_wait(job: Any, evaluation_seconds: float) -> bool | None:
 
 def check_compiled_pieces(reports: Any) -> bool | None:
     """torch.compile: DDPOptimizer cut the compiled DDP model into exactly 3 pieces on every rank
-    (reports: per rank, what compile_and_step returned: its graph breaks and graph sizes)."""
+    (reports: per rank, what compile_and_step returned: its graph breaks and graph sizes; None
+    where the cell failed before its step)."""
+    if any(r is None for r in reports):
+        print("Not yet: the cell did not finish its step. Run it with a cap of 1 MiB or more "
+              "(smaller ones are refused, as in section 2).")  # fmt: skip
+        return False
     pieces = [len(r["graphs"]) for r in reports]
     if all(p == 3 for p in pieces):
-        print("Correct! Three pieces, each compiled with a backward of its own: a bucket goes "
-              "out as each piece's backward ends, while the next piece's runs.")  # fmt: skip
+        print("Correct! Three pieces, each compiled with a backward of its own. DDP's own "
+              "buckets (once you set the cap, the first is that size too) need not line up "
+              "with them.")  # fmt: skip
         return True
     print(f"Not quite: DDPOptimizer cut the model into {pieces[0]} piece(s). Counting from the "
           "head back, the first piece ends at 1 MiB whatever the cap, the others once their "
-          "parameters reach your cap; each layer holds 1 MiB.")  # fmt: skip
+          "parameters reach your cap; each layer holds 1 MiB (and 2 KiB of bias).")  # fmt: skip
     return False

@@ -72,6 +72,10 @@ record("inside", report(DDP(torch.compile(Net(), backend=counting), bucket_cap_m
 record("sequential", report(outside(stacked, bucket_cap_mb=1)))
 record("three", report(outside(bucket_cap_mb=2)))
 record("default", report(outside()))
+eager = DDP(Net(), bucket_cap_mb=1)
+for _ in range(3):   # DDP rebuilds its buckets after the first step
+    nn.functional.mse_loss(eager(x), y).backward()
+record("eager_buckets", len(eager._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(",")))
 torch._dynamo.config.optimize_ddp = False
 record("whole", report(outside(bucket_cap_mb=1)))
 torch._dynamo.config.optimize_ddp = True
@@ -91,7 +95,8 @@ def test_dynamo_breaks_ddp_forward_twice_and_cuts_the_model_at_bucket_boundaries
     run = ddp_kit.launch(COMPILE, nproc=2, output="quiet", env=PLAIN if start == "plain" else None)
     assert run.ok
     for rank in range(2):
-        names = ("outside", "inside", "sequential", "three", "default", "whole", "small")
+        names = ("outside", "inside", "sequential", "three", "default", "whole", "small",
+                 "eager_buckets")
         seen = {name: run.records.get(name, 0, rank) for name in names}
         assert seen["outside"] == {"breaks": DDP_BREAKS, "graphs": [2, 2, 2, 3]}
         assert seen["inside"] == {"breaks": {}, "graphs": [2, 2, 2, 3]}
@@ -99,6 +104,7 @@ def test_dynamo_breaks_ddp_forward_twice_and_cuts_the_model_at_bucket_boundaries
         assert seen["three"]["graphs"] == [2, 4, 3]  # the exercise's answer: 2 MiB, 3 pieces
         assert seen["default"]["graphs"] == [6, 3]  # 25 MiB: the first piece still ends at 1 MiB
         assert seen["whole"]["graphs"] == [9]  # optimize_ddp=False: one graph
+        assert seen["eager_buckets"] == 4  # compiled: 5 (the notebook's output, under nbval)
         assert seen["small"].startswith(
             "AssertionError: First bucket should be smaller/equal to other buckets"
         )
@@ -107,8 +113,10 @@ def test_dynamo_breaks_ddp_forward_twice_and_cuts_the_model_at_bucket_boundaries
 VERBOSE = """
 import os
 import torch
+import psutil
 from ddp_kit.worker import record
 
+record("forked", "ddp_kit.rank.forkserver" in " ".join(psutil.Process().parent().cmdline()))
 os.environ["TORCHDYNAMO_VERBOSE"] = os.environ.get("SET_IN_SCRIPT", "0")
 import torch._dynamo
 
@@ -129,3 +137,4 @@ def test_a_torchdynamo_variable_reaches_dynamo_when_the_launch_is_given_it(start
     run = ddp_kit.launch(VERBOSE, nproc=2, output="quiet", env=env)
     assert run.ok
     assert [run.records.get("verbose", 0, rank) for rank in range(2)] == [reached] * 2
+    assert [run.records.get("forked", 0, rank) for rank in range(2)] == [start == "fast"] * 2
