@@ -7,7 +7,10 @@ kernel   the notebook's Python process (a Jupyter kernel, or any Python program 
 rank     one of the processes that run the student's code, numbered 0 .. world size - 1; torchrun
          starts it and passes RANK, LOCAL_RANK and WORLD_SIZE. (WorkerError: a rank failed.)
 agent    the torchrun process of one node, which starts that node's ranks and watches them.
-node     one machine of a job; here every node is on 127.0.0.1 (--nnodes starts several agents).
+node     one machine of a job: every node on 127.0.0.1 (--nnodes starts several agents), or one
+         per host.
+host     another machine that runs one node, reached by ssh (launch(hosts=..., launcher="ssh"):
+         kernel.hosts).
 backend  the process group's communication library: "gloo" (CPU) or "nccl" (one GPU per rank).
          worker.backend() is the string init_process_group takes for it. (A check of a machine
          with too few GPUs can ask for gloo on the GPUs, shared: DDP_KIT_SHARED_GPU=1.)
@@ -39,12 +42,14 @@ In both:
     costmodel  the alpha-beta model of an all-reduce, the bucket overhead model
     facts    asserted facts (same_bits, same_up_to_rounding, within): in cells and in ranks
 kernel/   the kit's machinery in the kernel: launch, session, channel, magic, torchrun (plumbing),
-          fast_start, output, progress, diagnose, result, script, backend
+          fast_start, output, progress, diagnose, result, script, backend, hosts (a launch
+          over several hosts, by ssh)
 rank/     what runs below the kernel: agent (torchrun that dies with the kernel), runner (a rank's
           bootstrap), server (a live rank's loop), groups (destroyed process groups freed
           safely), waits (a bound on waits torch ends late), where (a live cell's position);
           forkserver and relay (the fast start: the kernel starts the server and the agent's
-          relay, torchrun the ranks' relays)
+          relay, torchrun the ranks' relays); on another host: probe (what the host runs) and
+          remote (the host's agent, ended when its ssh goes)
 shared/   what both sides read and write: contract (the seam: variables, run directory,
           messages), records, failures, markers, errors, processes
 

@@ -302,10 +302,19 @@ def explain(result: RunResult, timeout: float, debug: str = "off") -> Explanatio
         exit_lines = last_lines(root, result.stdout[root] + result.stderr[root])
     note = detail_crash_note(debug, result.agent_log)
     ended = torchrun_root_cause(result, root) if explanation.traceback else ""  # else: said
-    if exit_lines or note or ended:
-        advice = "\n\n".join(filter(None, [exit_lines, explanation.advice, note, ended]))
+    where = host_line(result.hosts, root)
+    if exit_lines or note or ended or where:
+        advice = "\n\n".join(filter(None, [where, exit_lines, explanation.advice, note, ended]))
         return Explanation(explanation.summary, advice, explanation.traceback, root)
     return explanation
+
+
+def host_line(hosts: list[str], rank: int | None) -> str:
+    """Where the failed rank ran, in a launch over several hosts (else nothing)."""
+    if not hosts or rank is None:
+        return ""
+    mates = [r for r, host in enumerate(hosts) if host == hosts[rank]]
+    return f"Rank {rank} ran on host {hosts[rank]} (ranks {', '.join(map(str, mates))})."
 
 
 def torchrun_root_cause(result: RunResult, rank: int | None) -> str:

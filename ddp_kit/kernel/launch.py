@@ -1,4 +1,5 @@
-"""launch(): run a script on N ranks under torchrun, on loopback, and collect what happened.
+"""launch(): run a script on N ranks under torchrun, on loopback (or on several hosts over ssh:
+kernel.hosts), and collect what happened.
 
 Each run gets a private run directory (shared.contract gives its layout), and three things are
 read back from it:
@@ -10,30 +11,37 @@ read back from it:
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..shared import contract, failures
 from ..shared.errors import Interrupted, LaunchTimeout, WorkerError
-from ..shared.markers import COMPLETED, ranks_marked
+from ..shared.markers import COMPLETED, node_groups, ranks_marked
 from ..shared.records import Records
 from . import diagnose
+from . import hosts as hosts_module
 from .backend import choose_backend, say_choice
+from .hosts import SSH_FAILED
 from .output import RankOutput
 from .progress import LaunchProgress
 from .progress import wanted as progress_wanted
 from .result import RunResult
 from .script import Script, write_script
 from .torchrun import (
+    NODE_FAILED_GRACE,
     POLL_SECONDS,
     RESTART_ENV,
     Agents,
+    agent_argv,
     log_roots,
     make_run_dir,
     rank_env,
     read_attempts,
+    runner_argv,
     torchrun_commands,
     validate,
     validate_args,
@@ -57,6 +65,9 @@ def launch(
     check: bool = True,
     max_restarts: int = 0,
     monitor_interval: float | None = None,
+    hosts: Sequence[str] | str | None = None,
+    launcher: str = "local",
+    python: str | None = None,
 ) -> RunResult:
     """Run `script` (code text, a .py path or a function) on `nproc` ranks with torchrun.
 
@@ -76,12 +87,21 @@ def launch(
     --max-restarts; a rank reads its attempt from TORCHELASTIC_RESTART_COUNT), checking its
     ranks every `monitor_interval` seconds (--monitor-interval; None: torchrun's 0.1 s). The
     result's `attempts` hold what each attempt's ranks reported.
+
+    hosts=["a", "b"], launcher="ssh" runs one node per host, `nproc` ranks each, started over
+    ssh and meeting at torchrun's c10d rendezvous on the first host; `python` is the Python
+    on the hosts (default: this one's path). kernel.hosts says what the hosts need (ssh keys,
+    a shared filesystem, the same versions), checked before anything starts. The result's
+    `hosts` names the host of each rank.
     """
     validate(nproc, nnodes, timeout, collective_timeout, output, debug)
+    names = hosts_module.validate_hosts(hosts, launcher, nnodes)
+    nnodes = len(names) or nnodes
     validate_restarts(max_restarts, monitor_interval, timeout, nnodes)
     script_args = validate_args(args)
-    choice = choose_backend(nproc * nnodes, backend)
-    say_choice(choice, nproc * nnodes)
+    here = nproc if names else nproc * nnodes  # the ranks of one machine (hosts: like this one)
+    choice = choose_backend(here, backend)
+    say_choice(choice, here)
     job = Job(
         script=script,
         nproc=nproc,
@@ -97,6 +117,8 @@ def launch(
         keep_run_dir=keep_run_dir,
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
+        hosts=tuple(names),
+        python=python or sys.executable,
     )
     result, ranks_output = job.run()
     retry_note = diagnose.launch_retry_note(result)
@@ -136,6 +158,8 @@ class Job:
     keep_run_dir: bool
     max_restarts: int = 0
     monitor_interval: float | None = None
+    hosts: tuple[str, ...] = ()  # one node each, started over ssh (kernel.hosts)
+    python: str = sys.executable  # the hosts' Python
 
     @property
     def world_size(self) -> int:
@@ -147,21 +171,31 @@ class Job:
         run_dir = make_run_dir()
         try:
             path = write_script(run_dir, self.script)
-            commands = torchrun_commands(path, self.nproc, self.nnodes, run_dir / contract.LOGS,
-                                         self.args, max_restarts=self.max_restarts,
-                                         monitor_interval=self.monitor_interval)  # fmt: skip
-            output = RankOutput(log_roots(run_dir, self.nnodes), self.nproc, self.output,
-                                max_restarts=self.max_restarts)
-            enabled = self.output != "quiet" and progress_wanted()
-            progress = LaunchProgress(output, run_dir / contract.MARKERS, self.world_size, enabled)
-            start = time.perf_counter()
             environment = rank_env(
                 run_dir, self.backend, self.collective_timeout, self.env, self.debug, self.device
             )
             if self.max_restarts:
                 environment = {**RESTART_ENV, **environment}
-            agents = Agents.start(commands, environment, self.nproc)
+            markers = run_dir / contract.MARKERS
+            if self.hosts:
+                commands = self._host_commands(run_dir, path, environment)
+                environment = dict(os.environ)  # ssh's own; the ranks' goes in its command
+            else:
+                commands = torchrun_commands(path, self.nproc, self.nnodes,
+                                             run_dir / contract.LOGS, self.args,
+                                             max_restarts=self.max_restarts,
+                                             monitor_interval=self.monitor_interval)  # fmt: skip
+            groups = (lambda: node_groups(markers, self.nproc)) if self.hosts else None
+            output = RankOutput(log_roots(run_dir, self.nnodes), self.nproc, self.output,
+                                max_restarts=self.max_restarts, groups=groups)  # fmt: skip
+            enabled = self.output != "quiet" and progress_wanted()
+            progress = LaunchProgress(output, markers, self.world_size, enabled)
+            start = time.perf_counter()
+            agents = Agents.start(commands, environment, self.nproc, remote=bool(self.hosts))
             outcome = self._watch(agents, output, progress)
+            node_notes = self._node_notes(agents, outcome)
+            for note in node_notes:
+                diagnose.say(note)
             duration = time.perf_counter() - start
             output.read_rest()
             progress.end(f"{self.world_size} ranks ran for {duration:.1f} s")
@@ -191,19 +225,58 @@ class Job:
                 commands=commands,
                 run_dir=run_dir if self.keep_run_dir else None,
                 completed=completed,
-                attempts=read_attempts(run_dir, self.nnodes, self.nproc, reports),
+                attempts=read_attempts(run_dir, self.nnodes, self.nproc, reports,
+                                       node_groups(markers, self.nproc)),
                 max_restarts=self.max_restarts,
+                hosts=self._rank_hosts(node_groups(markers, self.nproc)),
             )
+            result.notes += node_notes
         finally:
             if not self.keep_run_dir:
                 shutil.rmtree(run_dir, ignore_errors=True)
         return result, output
+
+    def _host_commands(self, run_dir, script, environment: dict[str, str]) -> list[list[str]]:
+        """The ssh command of each host, once every host has answered the probe."""
+        found = hosts_module.probe(list(self.hosts), self.python, run_dir)
+        sent = {k: v for k, v in environment.items()  # the kit's variables, and env=
+                if os.environ.get(k) != v or k in self.env}  # fmt: skip
+        agent = agent_argv(self.python, self.nproc, self.max_restarts, self.monitor_interval)
+        return hosts_module.remote_commands(found, agent, runner_argv(script, self.args),
+                                            run_dir / contract.LOGS, sent, run_dir.name,
+                                            self.timeout)  # fmt: skip
+
+    def _node_notes(self, agents: Agents, outcome: AgentsOutcome) -> list[str]:
+        """Which host was lost (its ssh ended with ssh's own error code), and which node's
+        failure made the kit stop the others."""
+        notes = [f"Host {self.hosts[node]} was lost: its ssh connection ended with exit code "
+                 f"{SSH_FAILED}, ssh's own error (the host went down, or the network to it)."
+                 for node, proc in enumerate(agents.procs)
+                 if self.hosts and proc.returncode == SSH_FAILED]  # fmt: skip
+        if outcome.stopped_after is not None:
+            node = outcome.stopped_after
+            where = f"Host {self.hosts[node]}" if self.hosts else f"Node {node}"
+            notes.append(f"{where}'s agent ended first, with exit code "
+                         f"{agents.procs[node].returncode}: the job had failed, so the kit "
+                         f"stopped the other agents {NODE_FAILED_GRACE:g} s later (torchrun "
+                         "would keep them waiting for it).")  # fmt: skip
+        return notes
+
+    def _rank_hosts(self, groups: dict[int, int]) -> list[str]:
+        """The host of each rank (empty for a launch on this machine, or where unknown)."""
+        if not self.hosts or len(groups) != len(self.hosts):
+            return []
+        named = {group * self.nproc + local: self.hosts[node]
+                 for node, group in groups.items() for local in range(self.nproc)}  # fmt: skip
+        return [named[rank] for rank in range(self.world_size)]
 
     def _watch(self, agents: Agents, output: RankOutput, progress: LaunchProgress) -> AgentsOutcome:
         """Show output and progress until the agents end; stop everything on timeout or
         interrupt."""
         timed_out = interrupted = False
         deadline = time.monotonic() + self.timeout
+        failed: tuple[int, float] | None = None  # the first node whose agent failed, and when
+        stopped_after = None
         try:
             while agents.running():
                 output.poll()
@@ -211,12 +284,16 @@ class Job:
                 if time.monotonic() > deadline:
                     timed_out = True
                     break
+                failed = failed or agents.first_failure()
+                if failed and time.monotonic() > failed[1] + NODE_FAILED_GRACE:
+                    stopped_after = failed[0]  # the others would wait in torchrun's exit barrier
+                    break
                 time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
             interrupted = True
         finally:
             agents.stop()
-        return AgentsOutcome(agents.returncode, agents.log, timed_out, interrupted)
+        return AgentsOutcome(agents.returncode, agents.log, timed_out, interrupted, stopped_after)
 
 
 @dataclass(frozen=True)
@@ -227,3 +304,4 @@ class AgentsOutcome:
     agent_log: str
     timed_out: bool
     interrupted: bool
+    stopped_after: int | None = None  # the node whose failure made the kit stop the others

@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Callable
 
 from ..shared.errors import CellSyntaxError, LaunchConfigError
+from .hosts import LAUNCHERS
 from .launch import launch
 from .output import OUTPUT_MODES
 from .torchrun import DEBUG_LEVELS
@@ -101,6 +102,21 @@ def torchrun_parser() -> MagicParser:
             "type": float,
             "default": default_of(launch, "monitor_interval"),
             "help": "seconds between torchrun's checks of its ranks (default: torchrun's, 0.1)",
+        },
+        ("--hosts",): {
+            "default": default_of(launch, "hosts"),
+            "help": "one node on each of these hosts, as ssh reaches them, comma-separated: "
+            "--hosts gpu1,gpu2 --launcher ssh (default: this machine)",
+        },
+        ("--launcher",): {
+            "choices": LAUNCHERS,
+            "default": default_of(launch, "launcher"),
+            "help": "how the nodes' agents start: local (this machine) or ssh (one connection "
+            "per host) (default: %(default)s)",
+        },
+        ("--python",): {
+            "default": default_of(launch, "python"),
+            "help": "the Python on the hosts (default: this kernel's path)",
         },
         ("--result",): {
             "type": variable_name,

@@ -6,7 +6,7 @@ Modes (OUTPUT_MODES; the flag help of %%torchrun and %ranks start is read from i
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -233,18 +233,34 @@ class RankOutput(RankPrinter):
         out: TextIO | None = None,
         err: TextIO | None = None,
         max_restarts: int = 0,
+        groups: Callable[[], dict[int, int]] | None = None,
     ) -> None:
+        """groups: for a launch over several hosts, which torchrun node (group) rank each
+        host's agent got, as far as known yet (a host's files are read once it is); None: the
+        node index is the group rank."""
         super().__init__(range(len(log_roots) * nproc_per_node), mode, out, err)
         self.max_restarts = max_restarts
-        self.nodes = {  # a node's log root, and its ranks' files: (rank, stream) -> file
-            node: (Path(root), {
-                (node * nproc_per_node + local, stream): _LogFile(root, f"{local}/{stream}.log")
-                for local in range(nproc_per_node)
+        self.log_roots = [Path(root) for root in log_roots]
+        self.nproc_per_node = nproc_per_node
+        self.groups = groups
+        self.nodes: dict[int, tuple[Path, dict]] = {}  # node: its log root, its ranks' files
+        self.files: dict[tuple[int, str], _LogFile] = {}
+        self._place_nodes()
+
+    def _place_nodes(self) -> None:
+        """Follow the files of every node whose group rank is known (and not yet followed)."""
+        known = self.groups() if self.groups else {n: n for n in range(len(self.log_roots))}
+        for node, group in known.items():
+            if node in self.nodes or node >= len(self.log_roots):
+                continue
+            root = self.log_roots[node]
+            self.nodes[node] = (root, {  # (rank, stream) -> file
+                (group * self.nproc_per_node + local, stream):
+                    _LogFile(root, f"{local}/{stream}.log")
+                for local in range(self.nproc_per_node)
                 for stream in STREAMS
-            })
-            for node, root in enumerate(log_roots)
-        }  # fmt: skip
-        self.files = {key: log for _, logs in self.nodes.values() for key, log in logs.items()}
+            })  # fmt: skip
+            self.files.update(self.nodes[node][1])
 
     def ranks_started(self) -> int:
         """How many ranks torchrun has started: their stdout logs were found by a poll."""
@@ -255,6 +271,8 @@ class RankOutput(RankPrinter):
         """Read what the ranks wrote since the last poll and show what the mode allows now;
         where torchrun restarted a node's ranks, read their last attempt's lines to the end,
         then a line that says so, then the next attempt's."""
+        if self.groups and len(self.nodes) < len(self.log_roots):
+            self._place_nodes()
         self._read_files(self.files)
         for root, logs in self.nodes.values():
             attempt = next(iter(logs.values())).attempt  # the same for all of a node's files
@@ -277,7 +295,7 @@ class RankOutput(RankPrinter):
     def read_rest(self) -> None:
         """Read what the logs hold, for good: the ranks are done and the files may go."""
         self.poll()
-        self.files, self.nodes = {}, {}
+        self.files, self.nodes, self.groups = {}, {}, None
         self.end_lines()
 
     def show_rest(self) -> None:

@@ -43,6 +43,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)  # the last one's failures: failures
     max_restarts: int = 0  # how many restarts launch() allowed torchrun
+    hosts: list[str] = field(default_factory=list)  # each rank's host (launches over hosts)
 
     @property
     def world_size(self) -> int:

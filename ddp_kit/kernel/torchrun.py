@@ -215,12 +215,17 @@ def log_roots(run_dir: Path, nnodes: int) -> list[Path]:
 
 
 def read_attempts(
-    run_dir: Path, nnodes: int, nproc: int, last_failures: list[failures.RankFailure]
+    run_dir: Path,
+    nnodes: int,
+    nproc: int,
+    last_failures: list[failures.RankFailure],
+    groups: dict[int, int] | None = None,
 ) -> list[Attempt]:
     """The attempts of a launch's job (one, unless torchrun restarted its ranks): each with
     what its ranks reported (errors/attempt<K>/, or `last_failures` for the last) and the
     error files that torch's @record wrote (logs/node<N>/<id>/attempt_<K>/<local>/error.json,
-    torchrun's TORCHELASTIC_ERROR_FILE)."""
+    torchrun's TORCHELASTIC_ERROR_FILE). groups: node -> torchrun's node rank, where they
+    differ (a launch over several hosts)."""
     roots = log_roots(run_dir, nnodes)
     count = 1 + max((int(path.name.removeprefix("attempt_")) for root in roots
                      for path in root.glob("*/attempt_*")), default=0)  # fmt: skip
@@ -232,9 +237,17 @@ def read_attempts(
         for node, root in enumerate(roots):
             for path in root.glob(f"*/attempt_{number}/*/error.json"):
                 with contextlib.suppress(OSError, ValueError):
-                    files[node * nproc + int(path.parent.name)] = json.loads(path.read_text())
+                    group = (groups or {}).get(node, node)
+                    files[group * nproc + int(path.parent.name)] = json.loads(path.read_text())
         attempts.append(Attempt(number, reported, dict(sorted(files.items()))))
     return attempts
+
+
+STOP_SECONDS = 10  # how long a host's agent gets to stop its ranks once its ssh stdin ends
+# Once one node's agent has failed, the others' ranks have this long to end on their own (a
+# collective with the lost ranks raises at once) before the kit stops them: torchrun would keep
+# a finished node's agent in its exit barrier, waiting 300 s for the failed one.
+NODE_FAILED_GRACE = 5.0
 
 
 def loopback_interface() -> str:
@@ -320,17 +333,29 @@ def torchrun_commands(
             ]
             for node in range(nnodes)
         ]
-    agent = [sys.executable, "-m", "ddp_kit.rank.agent", f"--nproc-per-node={nproc}"]
+    agent = agent_argv(sys.executable, nproc, max_restarts, monitor_interval)
+    return [
+        [*agent, *rdzv, "--local-addr=127.0.0.1", "--redirects=3",
+         f"--log-dir={log_dir / f'node{node}'}", *runner_argv(script, args)]
+        for node, rdzv in enumerate(rendezvous)
+    ]  # fmt: skip
+
+
+def agent_argv(
+    python: str, nproc: int, max_restarts: int = 0, monitor_interval: float | None = None
+) -> list[str]:
+    """A node's torchrun agent (`ddp_kit.rank.agent`), before its rendezvous and logs."""
+    agent = [python, "-m", "ddp_kit.rank.agent", f"--nproc-per-node={nproc}"]
     if max_restarts:
         agent.append(f"--max-restarts={max_restarts}")
     if monitor_interval is not None:
         agent.append(f"--monitor-interval={monitor_interval:g}")
-    return [
-        [*agent, *rdzv, "--local-addr=127.0.0.1", "--redirects=3",
-         f"--log-dir={log_dir / f'node{node}'}", "-m", "ddp_kit.rank.runner", str(script),
-         *map(str, args)]
-        for node, rdzv in enumerate(rendezvous)
-    ]  # fmt: skip
+    return agent
+
+
+def runner_argv(script: Path, args: Sequence[str] = ()) -> list[str]:
+    """What the agent runs on each rank: the kit's runner, then the script and its arguments."""
+    return ["-m", "ddp_kit.rank.runner", str(script), *map(str, args)]
 
 
 @dataclass
@@ -342,17 +367,23 @@ class Agents:
     readers: list[threading.Thread] = field(default_factory=list)
 
     @classmethod
-    def start(cls, commands: list[list[str]], env: dict[str, str], nproc: int) -> Agents:
+    def start(
+        cls, commands: list[list[str]], env: dict[str, str], nproc: int, *, remote: bool = False
+    ) -> Agents:
         """Start one agent per command (node), each in its own session: the kernel's ^C
         reaches the kernel alone, which then stops the agents itself. A fast start
-        (kernel.fast_start) starts relays of the same commands."""
+        (kernel.fast_start) starts relays of the same commands. remote: the commands are ssh
+        connections to hosts (kernel.hosts), each given a stdin that stays open while it runs
+        (its end stops the host's agent)."""
         agents = cls()
-        commands, env = fast_start.relayed(commands, env)
+        if not remote:
+            commands, env = fast_start.relayed(commands, env)
         for node, command in enumerate(commands):
+            offset = {} if remote else {contract.DEVICE_OFFSET: str(node * nproc)}
             proc = subprocess.Popen(
                 command,
-                env={**env, contract.DEVICE_OFFSET: str(node * nproc)},
-                stdin=subprocess.DEVNULL,
+                env={**env, **offset},
+                stdin=subprocess.PIPE if remote else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -369,6 +400,14 @@ class Agents:
         """Whether any agent is still running."""
         return any(proc.poll() is None for proc in self.procs)
 
+    def first_failure(self) -> tuple[int, float] | None:
+        """(node, now) if a node's agent has ended with an error while another still runs."""
+        if len(self.procs) < 2 or not self.running():
+            return None
+        failed = [node for node, proc in enumerate(self.procs) if proc.poll()]
+        return (failed[0], time.monotonic()) if failed else None
+
+
     def wait(self, seconds: float) -> bool:
         """Wait up to `seconds` for every agent to end; whether they all did."""
         deadline = time.monotonic() + seconds
@@ -379,6 +418,11 @@ class Agents:
     def stop(self) -> None:
         """Stop every agent still running, with its ranks; wait for all of them."""
         for proc in self.procs:
+            if proc.stdin is not None:  # a host's: its end stops the host's agent and ranks
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=STOP_SECONDS)
             if proc.poll() is None:
                 stop_tree(proc.pid)
             proc.wait()

@@ -10,6 +10,8 @@ DDP_KIT_DEVICE              the run's device kind, "cpu" or "cuda" (worker.devic
 DDP_KIT_COLLECTIVE_TIMEOUT  seconds a collective waits for the other ranks before it raises
                             (the runner makes it init_process_group's default timeout)
 DDP_KIT_DEVICE_OFFSET       the index of this node's first GPU (agents on one machine share it)
+DDP_KIT_NODE                the index of this rank's host in a launch over several hosts
+                            (kernel.hosts): the runner writes it in its started marker
 DDP_KIT_RECORD_DIR          where record() saves this run's records     (run directory/records)
 DDP_KIT_ERROR_DIR           where a rank that raised writes its report  (run directory/errors)
 DDP_KIT_MARKER_DIR          where the runner leaves a rank's markers    (run directory/markers)
@@ -40,7 +42,8 @@ errors/          rank<R>.json: rank R's uncaught exception, a RankFailure (share
                  fault-rank<R>.txt: where R was if a fatal signal killed it (faulthandler);
                  attempt<K>/: both, of attempt K, moved there by rank R when torchrun
                  restarted it (--max-restarts; R's attempt: TORCHELASTIC_RESTART_COUNT)
-markers/         started-rank<R>: R is bootstrapped and starts the script;
+markers/         started-rank<R>: R is bootstrapped and starts the script (it holds R's
+                 DDP_KIT_NODE, if any: which host's agent started R);
                  completed-rank<R>: R's script returned and its records are saved (in the
                  last attempt: a restarted rank removes its own)
 
@@ -81,6 +84,7 @@ BACKEND = "DDP_KIT_BACKEND"
 DEVICE = "DDP_KIT_DEVICE"
 COLLECTIVE_TIMEOUT = "DDP_KIT_COLLECTIVE_TIMEOUT"
 DEVICE_OFFSET = "DDP_KIT_DEVICE_OFFSET"
+NODE = "DDP_KIT_NODE"
 RECORD_DIR = "DDP_KIT_RECORD_DIR"
 ERROR_DIR = "DDP_KIT_ERROR_DIR"
 MARKER_DIR = "DDP_KIT_MARKER_DIR"

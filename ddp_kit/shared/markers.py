@@ -6,16 +6,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .contract import COMPLETED, MARKER_DIR, STARTED
+from .contract import COMPLETED, MARKER_DIR, NODE, STARTED
 
-__all__ = ["COMPLETED", "STARTED", "mark", "ranks_marked"]
+__all__ = ["COMPLETED", "STARTED", "mark", "node_groups", "ranks_marked"]
 
 
 def mark(stage: str, rank: int) -> None:
-    """Leave `stage`'s marker for `rank` (nothing outside a launch: no DDP_KIT_MARKER_DIR)."""
+    """Leave `stage`'s marker for `rank` (nothing outside a launch: no DDP_KIT_MARKER_DIR),
+    holding the rank's host index (DDP_KIT_NODE) in a launch over several hosts."""
     marker_dir = os.environ.get(MARKER_DIR)
     if marker_dir:
-        (Path(marker_dir) / f"{stage}{rank}").touch()
+        (Path(marker_dir) / f"{stage}{rank}").write_text(os.environ.get(NODE, ""))
+
+
+def node_groups(marker_dir: Path, nproc: int) -> dict[int, int]:
+    """Host index -> torchrun's node (group) rank, from the started markers of a launch over
+    several hosts: the c10d rendezvous numbers the nodes in an order of its own."""
+    groups = {}
+    for rank in ranks_marked(marker_dir, STARTED):
+        node = (Path(marker_dir) / f"{STARTED}{rank}").read_text()
+        if node.isdigit():
+            groups[int(node)] = rank // nproc
+    return groups
 
 
 def ranks_marked(marker_dir: Path, stage: str) -> list[int]:

@@ -1,0 +1,54 @@
+"""`python -m ddp_kit.rank.probe RUN_DIR`: what the kernel asks a host before a launch over several
+hosts (kernel.hosts), in one line of JSON on stdout:
+
+    python, torch, kit   the Python and torch versions and the kit's folder this host would run
+                         (they must equal the kernel's)
+    executable           the Python that answered
+    address              the host's address as the kernel reached it (SSH_CONNECTION's server
+                         side), or null outside ssh
+    interfaces           {name: [[IPv4 address, netmask], ...]}: where the kernel chooses
+                         GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, by the first host's address
+    run_dir              whether RUN_DIR, which the kernel made, is there: the kit needs a
+                         filesystem that every host shares (as clusters have), same paths
+    port                 a TCP port free on `address` now (the first host's is the rendezvous's)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+
+def facts(run_dir: str) -> dict:
+    import psutil
+    import torch
+
+    import ddp_kit
+
+    connection = os.environ.get("SSH_CONNECTION", "").split()
+    address = connection[2] if len(connection) == 4 else None
+    interfaces = {name: [[a.address, a.netmask] for a in found if a.family == socket.AF_INET]
+                  for name, found in psutil.net_if_addrs().items()}  # fmt: skip
+    with socket.socket() as sock:
+        sock.bind((address or "127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "kit": os.path.dirname(ddp_kit.__file__),
+        "executable": sys.executable,
+        "address": address,
+        "interfaces": {k: v for k, v in interfaces.items() if v},
+        "run_dir": os.path.isdir(run_dir),
+        "port": port,
+    }
+
+
+def main() -> None:
+    print(json.dumps(facts(sys.argv[1])), flush=True)
+
+
+if __name__ == "__main__":
+    main()

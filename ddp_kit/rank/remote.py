@@ -1,0 +1,42 @@
+"""`python -m ddp_kit.rank.remote COMMAND...`: what ssh runs on each host of a launch over
+several hosts (kernel.hosts). It starts COMMAND (the host's torchrun agent) and stands in for it:
+
+- it exits with COMMAND's exit code once COMMAND ends;
+- when its stdin ends, it stops COMMAND with its ranks and exits. The kernel holds the other end
+  of that stdin, through ssh, and never writes to it: the kernel stopping the launch, the kernel
+  killed, or the connection lost all close it, and nothing is left running on the host. (Without
+  a terminal, sshd sends a remote command no SIGHUP when the connection goes.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from ..shared.processes import stop_tree
+
+HANG_UP = 129  # the exit code of a command ended by SIGHUP, as a shell reports it
+
+
+def main() -> None:
+    command = sys.argv[1:]
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+
+    def watch_stdin() -> None:
+        while sys.stdin.buffer.read1(4096):
+            pass
+        if child.poll() is None:
+            stop_tree(child.pid)
+        sys.stdout.flush()
+        os._exit(HANG_UP)
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    code = child.wait()
+    sys.stdout.flush()
+    os._exit(code)  # not sys.exit: the thread reading stdin would stop Python's shutdown
+
+
+if __name__ == "__main__":
+    main()

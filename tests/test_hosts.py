@@ -1,0 +1,229 @@
+"""A launch over several hosts (kernel.hosts), on real network hosts: Linux network namespaces
+joined by a bridge, each with its own address and a real sshd (tests/hosts/netns.py). The kernel
+runs in host h0 (a Python started there), the job on h1 and h2: 2 hosts x 2 ranks, over the
+system's ssh, meeting at torchrun's c10d rendezvous on h1.
+
+The addresses (10.213.0.0/24) exist only inside the namespaces: no test traffic leaves them.
+The machine must let root make namespaces and have Debian's openssh-server (.ci/run installs
+it); otherwise the tests skip with the reason, and DDP_KIT_REQUIRE_HOSTS=1 (set by CI) turns
+that skip into a failure. Every test ends with no process of its own on any host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "hosts"))
+from netns import namespace_hosts, namespace_support, our_namespaces, sshd_hosts  # noqa: E402
+
+from ddp_kit.kernel.hosts import CONNECT_SECONDS  # noqa: E402
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+@pytest.fixture(scope="module")
+def net():
+    ok, why = namespace_support()
+    if ok and not Path("/usr/sbin/sshd").exists():
+        ok, why = False, "no /usr/sbin/sshd (Debian's openssh-server; .ci/run installs it)"
+    if not ok:
+        if os.environ.get("DDP_KIT_REQUIRE_HOSTS"):
+            pytest.fail(f"DDP_KIT_REQUIRE_HOSTS is set, but {why}")
+        pytest.skip(why)
+    with namespace_hosts(3) as hosts, sshd_hosts(hosts) as ssh:
+        hosts.ssh = ssh
+        yield hosts
+    assert not set(hosts.namespaces()) & set(our_namespaces()), "namespaces left behind"
+
+
+def ours(net, host: str) -> list[int]:
+    """The processes of a test on `host`: all in its namespace but sshd itself."""
+    daemon = net.ssh.daemons.get(host)
+    return [p for p in net.pids(host) if daemon is None or p != daemon.pid]
+
+
+def nothing_left(net, seconds: float = 15.0) -> dict[str, list[int]]:
+    """Wait up to `seconds` for every host to hold no process of the test's; what is left."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = {h: ours(net, h) for h in ("h1", "h2")}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return {h: pids for h, pids in left.items() if pids}
+        time.sleep(0.2)
+
+
+def kernel(net, code: str, **popen) -> subprocess.Popen:
+    """A kernel on h0: Python running `code`, ssh told where the hosts' keys are."""
+    env = {**os.environ, "DDP_KIT_SSH_OPTIONS": f"-F {net.ssh.config}", "DDP_KIT_PROGRESS": "0"}
+    return net.popen("h0", PYTHON, "-c", code, env=env, cwd=ROOT, text=True,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # fmt: skip
+
+
+def answer(net, code: str, timeout: float = 180) -> dict:
+    """Run `code` in a kernel on h0; the JSON it printed last."""
+    proc = kernel(net, code)
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+JOB = """
+import os
+import torch
+import torch.distributed as dist
+from ddp_kit.worker import backend, record
+dist.init_process_group(backend())
+total = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(total)
+record("seen", [dist.get_rank(), os.environ["GLOO_SOCKET_IFNAME"], total.item()])
+print("sum", total.item())
+dist.destroy_process_group()
+"""
+
+
+def test_two_hosts_two_ranks_each_are_one_job_over_ssh(net):
+    seen = answer(net, f"""
+import json, ddp_kit
+run = ddp_kit.launch({JOB!r}, nproc=2, hosts=["h1", "h2"], launcher="ssh", output="quiet")
+print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "hosts": run.hosts,
+                   "stdout": run.stdout, "commands": run.commands}}))
+""")
+    assert seen["hosts"] == ["h1", "h1", "h2", "h2"]
+    # every rank: its own rank, its host's interface, 1 + 2 + 3 + 4
+    assert seen["seen"] == [[0, "veth-h1", 10.0], [1, "veth-h1", 10.0],
+                            [2, "veth-h2", 10.0], [3, "veth-h2", 10.0]]  # fmt: skip
+    assert seen["stdout"] == ["sum 10.0\n"] * 4
+    h1, h2 = seen["commands"]
+    assert h1[0] == "ssh" and "h1" in h1 and "--rdzv-backend=c10d" in h1[-1]
+    assert "--rdzv-endpoint=10.213.0.11:" in h2[-1] and "--local-addr=10.213.0.12" in h2[-1]
+    assert nothing_left(net) == {}
+
+
+def test_a_failed_rank_is_named_with_its_host(net):
+    said = answer(net, """
+import json, ddp_kit
+from ddp_kit.shared.errors import WorkerError
+try:
+    failing = "from ddp_kit.worker import rank\\nif rank() == 3: raise ValueError('on purpose')"
+    ddp_kit.launch(failing, nproc=2, hosts="h1,h2", launcher="ssh", output="quiet")
+except WorkerError as error:
+    print(json.dumps({"message": str(error)}))
+""")["message"]
+    assert said.startswith("Rank 3 failed with ValueError: on purpose")
+    assert "Rank 3 ran on host h2 (ranks 2, 3)." in said
+    assert nothing_left(net) == {}
+
+
+def test_an_unreachable_host_is_refused_in_bounded_time_naming_it_and_sshs_error(net):
+    net.ssh.stop("h2")
+    try:
+        said = answer(net, """
+import json, time, ddp_kit
+from ddp_kit.shared.errors import LaunchConfigError
+start = time.monotonic()
+try:
+    ddp_kit.launch("print('never runs')", nproc=2, hosts=["h1", "h2"], launcher="ssh")
+except LaunchConfigError as error:
+    print(json.dumps({"message": str(error), "seconds": time.monotonic() - start}))
+""")
+    finally:
+        net.ssh.start("h2")
+    assert said["message"] == ("Host h2 cannot start the job: ssh: connect to host 10.213.0.12 "
+                               "port 22: Connection refused")  # fmt: skip
+    assert said["seconds"] < CONNECT_SECONDS + 30  # ssh's bound, and h1's answer (torch import)
+    assert nothing_left(net) == {}
+
+
+def test_a_host_with_another_torch_is_refused_before_anything_starts(net, tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("__version__ = '0.0.1'\n")
+    python = tmp_path / "python"  # the same Python, finding another torch first
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake}:$PYTHONPATH exec {PYTHON} \"$@\"\n")
+    python.chmod(0o755)
+    said = answer(net, f"""
+import json, ddp_kit
+from ddp_kit.shared.errors import LaunchConfigError
+try:
+    ddp_kit.launch("print('never runs')", hosts=["h1", "h2"], launcher="ssh",
+                   python={str(python)!r})
+except LaunchConfigError as error:
+    print(json.dumps({{"message": str(error)}}))
+""")["message"]
+    kernels = torch.__version__
+    assert said.startswith(f"Host h1 runs torch 0.0.1 (from {PYTHON}), the kernel {kernels}")
+    assert said.endswith("give the hosts the same, or name it with python=.")
+
+
+LONG = """
+import sys, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from ddp_kit.worker import backend
+dist.init_process_group(backend())
+dist.all_reduce(torch.ones(1))
+(Path(sys.argv[1]) / str(dist.get_rank())).touch()   # training: the test may strike
+for _ in range(600):
+    dist.all_reduce(torch.ones(1))
+    time.sleep(0.1)
+"""
+
+
+def started_training(proc: subprocess.Popen, ready: Path, seconds: float = 90) -> None:
+    """Wait until all 4 ranks train (each has done an all-reduce and left a file in `ready`)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if len(list(ready.iterdir())) == 4:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    raise AssertionError("the ranks did not start")
+
+
+def test_a_host_lost_mid_run_ends_the_job_within_the_collective_timeout(net, tmp_path):
+    proc = kernel(net, f"""
+import json, time, ddp_kit
+start = time.monotonic()
+run = ddp_kit.launch({LONG!r}, nproc=2, hosts=["h1", "h2"], launcher="ssh", output="quiet",
+                     collective_timeout=10, check=False, args=[{str(tmp_path)!r}])
+print(json.dumps({{"ok": run.ok, "seconds": time.monotonic() - start, "notes": run.notes,
+                   "failed": sorted(f.rank for f in run.failures), "hosts": run.hosts}}))
+""")
+    started_training(proc, tmp_path)
+    lost = time.monotonic()
+    for pid in ours(net, "h2"):  # the host's agent and ranks, all at once: the host is gone
+        os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    ended = time.monotonic() - lost
+    said = json.loads(out.strip().splitlines()[-1])
+    assert not said["ok"] and set(said["failed"]) >= {0, 1}, (said, err[-3000:])
+    assert ended < 10 + 30  # the collective timeout, and the agents' teardown
+    assert said["hosts"] == ["h1", "h1", "h2", "h2"]
+    assert said["notes"][0] == ("Host h2 was lost: its ssh connection ended with exit code 255, "
+                                "ssh's own error (the host went down, or the network to it).")
+    assert nothing_left(net) == {}
+
+
+def test_a_killed_kernel_leaves_no_process_on_any_host(net, tmp_path):
+    proc = kernel(net, f"""
+import ddp_kit
+ddp_kit.launch({LONG!r}, nproc=2, hosts=["h1", "h2"], launcher="ssh", output="quiet",
+               args=[{str(tmp_path)!r}])
+""")
+    started_training(proc, tmp_path)
+    proc.kill()  # SIGKILL: no cleanup of its own; ssh sees its stdin end
+    proc.communicate()
+    assert nothing_left(net, seconds=30) == {}
