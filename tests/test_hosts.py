@@ -11,6 +11,7 @@ that skip into a failure. Every test ends with no process of its own on any host
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,9 +95,10 @@ dist.destroy_process_group()
 
 
 def test_two_hosts_two_ranks_each_are_one_job_over_ssh(net):
+    # h2 first: its agent serves the rendezvous, but torchrun numbers the nodes by address
     seen = answer(net, f"""
 import json, ddp_kit
-run = ddp_kit.launch({JOB!r}, nproc=2, hosts=["h1", "h2"], launcher="ssh", output="quiet")
+run = ddp_kit.launch({JOB!r}, nproc=2, hosts=["h2", "h1"], launcher="ssh", output="quiet")
 print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "hosts": run.hosts,
                    "stdout": run.stdout, "commands": run.commands}}))
 """)
@@ -105,31 +107,36 @@ print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "h
     assert seen["seen"] == [[0, "veth-h1", 10.0], [1, "veth-h1", 10.0],
                             [2, "veth-h2", 10.0], [3, "veth-h2", 10.0]]  # fmt: skip
     assert seen["stdout"] == ["sum 10.0\n"] * 4
-    h1, h2 = seen["commands"]
-    assert h1[0] == "ssh" and "h1" in h1 and "--rdzv-backend=c10d" in h1[-1]
-    assert "--rdzv-endpoint=10.213.0.11:" in h2[-1] and "--local-addr=10.213.0.12" in h2[-1]
+    h2, h1 = seen["commands"]
+    assert h2[0] == "ssh" and "h2" in h2 and "--rdzv-backend=c10d" in h2[-1]
+    assert "is_host=1" in h2[-1] and "is_host=0" in h1[-1]
+    assert "--rdzv-endpoint=10.213.0.12:" in h1[-1] and "--local-addr=10.213.0.11" in h1[-1]
     assert nothing_left(net) == {}
 
 
 def test_a_failed_rank_is_named_with_its_host(net):
     said = answer(net, """
-import json, ddp_kit
+import json, time, ddp_kit
 from ddp_kit.shared.errors import WorkerError
+start = time.monotonic()
 try:
     failing = "from ddp_kit.worker import rank\\nif rank() == 3: raise ValueError('on purpose')"
     ddp_kit.launch(failing, nproc=2, hosts="h1,h2", launcher="ssh", output="quiet")
 except WorkerError as error:
-    print(json.dumps({"message": str(error)}))
-""")["message"]
-    assert said.startswith("Rank 3 failed with ValueError: on purpose")
-    assert "Rank 3 ran on host h2 (ranks 2, 3)." in said
+    print(json.dumps({"message": str(error), "notes": error.result.notes,
+                      "seconds": time.monotonic() - start}))
+""")
+    assert said["message"].startswith("Rank 3 failed with ValueError: on purpose")
+    assert "Rank 3 ran on host h2 (ranks 2, 3)." in said["message"]
+    # h1's ranks finished: its agent would wait in torchrun's exit barrier, 300 s
+    assert said["notes"] == ["Host h2's agent ended first, with exit code 1: the job had failed, "
+                             "so the kit stopped the other agents 5 s later (torchrun would keep "
+                             "them waiting for it)."]  # fmt: skip
+    assert said["seconds"] < 120
     assert nothing_left(net) == {}
 
 
-def test_an_unreachable_host_is_refused_in_bounded_time_naming_it_and_sshs_error(net):
-    net.ssh.stop("h2")
-    try:
-        said = answer(net, """
+REFUSED = """
 import json, time, ddp_kit
 from ddp_kit.shared.errors import LaunchConfigError
 start = time.monotonic()
@@ -137,7 +144,13 @@ try:
     ddp_kit.launch("print('never runs')", nproc=2, hosts=["h1", "h2"], launcher="ssh")
 except LaunchConfigError as error:
     print(json.dumps({"message": str(error), "seconds": time.monotonic() - start}))
-""")
+"""
+
+
+def test_an_unreachable_host_is_refused_in_bounded_time_naming_it_and_sshs_error(net):
+    net.ssh.stop("h2")
+    try:
+        said = answer(net, REFUSED)
     finally:
         net.ssh.start("h2")
     assert said["message"] == ("Host h2 cannot start the job: ssh: connect to host 10.213.0.12 "
@@ -146,10 +159,26 @@ except LaunchConfigError as error:
     assert nothing_left(net) == {}
 
 
+def test_a_host_that_never_answers_is_given_up_after_sshs_connect_timeout(net):
+    # h2 drops its answers to h0: a SYN arrives, no SYN-ACK leaves (no refusal, no ARP failure)
+    blackhole = ["ip", "-n", net["h2"].netns, "route", "add", "blackhole", f"{net['h0'].addr}/32"]
+    subprocess.run(blackhole, check=True)
+    try:
+        said = answer(net, REFUSED)
+    finally:
+        subprocess.run([*blackhole[:4], "del", *blackhole[5:]], check=True)
+    assert said["message"] == ("Host h2 cannot start the job: ssh: connect to host 10.213.0.12 "
+                               "port 22: Connection timed out")  # fmt: skip
+    assert CONNECT_SECONDS - 1 < said["seconds"] < CONNECT_SECONDS + 30
+    assert nothing_left(net) == {}
+
+
 def test_a_host_with_another_torch_is_refused_before_anything_starts(net, tmp_path):
     fake = tmp_path / "fake"
     (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text("__version__ = '0.0.1'\n")
+    (fake / "torch" / "__init__.py").write_text(  # a version, and no GPU
+        "__version__ = '0.0.1'\nclass cuda:\n    device_count = staticmethod(lambda: 0)\n"
+    )
     python = tmp_path / "python"  # the same Python, finding another torch first
     python.write_text(f"#!/bin/sh\nPYTHONPATH={fake}:$PYTHONPATH exec {PYTHON} \"$@\"\n")
     python.chmod(0o755)
@@ -165,6 +194,7 @@ except LaunchConfigError as error:
     kernels = torch.__version__
     assert said.startswith(f"Host h1 runs torch 0.0.1 (from {PYTHON}), the kernel {kernels}")
     assert said.endswith("give the hosts the same, or name it with python=.")
+    assert nothing_left(net) == {}  # nothing started
 
 
 LONG = """
@@ -205,7 +235,8 @@ print(json.dumps({{"ok": run.ok, "seconds": time.monotonic() - start, "notes": r
     started_training(proc, tmp_path)
     lost = time.monotonic()
     for pid in ours(net, "h2"):  # the host's agent and ranks, all at once: the host is gone
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile, as its parent died
+            os.kill(pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
     ended = time.monotonic() - lost
     said = json.loads(out.strip().splitlines()[-1])

@@ -11,44 +11,57 @@ host      a machine that runs one node of the job: its torchrun agent and its `n
 launcher  how the agents start: "local" (every node on this machine, on 127.0.0.1) or "ssh"
           (the system's OpenSSH client, one connection per host).
 
-What the hosts need, checked before anything starts (`probe`, one ssh per host, in parallel):
-- ssh reaches each host with no question asked (keys and known hosts: BatchMode=yes), within
-  CONNECT_SECONDS. DDP_KIT_SSH_OPTIONS adds options to every ssh, e.g. "-F path/ssh_config".
+What the hosts need, checked before anything starts (`probe`, one ssh per host, in parallel,
+PROBE_SECONDS in all):
+- ssh reaches each host with no question asked (keys and known hosts: BatchMode=yes); ssh tries
+  to connect for CONNECT_SECONDS. DDP_KIT_SSH_OPTIONS adds options to every ssh, e.g.
+  "-F path/ssh_config" (the kit's own, in `ssh_argv`, come first: ssh keeps the first value).
 - A filesystem that every host shares, with the same paths, as a cluster's home or project space:
-  the run directory (made where $TMPDIR points: set it to a shared folder), the script, the
-  kit and Python itself are read there. The records, error reports and logs are written to
-  the run directory, and the kernel reads them where they are: nothing is copied.
+  the run directory (made in the kernel's temporary folder: set TMPDIR to a shared folder
+  before the kernel starts), the kernel's working directory, the script, the kit and Python
+  itself are read there. The records, error reports and logs are written to the run directory,
+  and the kernel reads them where they are: nothing is copied.
 - The same Python and torch versions, and the kit from the same folder (`python=` names the
-  Python on the hosts, default the kernel's own path).
+  Python on the hosts, default the kernel's own path). The backend is chosen by the hosts' GPUs
+  (the fewest any host has), not the kernel's.
 
-What each host is given: the ranks' environment (the kit's variables and env=, in the ssh
-command), and GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to the interface whose network holds
-the first host's address (else the interface the kernel reached the host on). torchrun's
---local-addr is the host's address as the kernel reached it: a host's name may resolve to
-127.0.0.1 on the host itself, as many do, and the kit never relies on resolving names.
+What each host is given: the ranks' environment in the ssh command (`sent_env`: the kit's
+variables, env=, and the kernel's FORWARDED settings of NCCL, gloo, torch and OpenMP), and
+GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to the interface whose network holds the first
+host's address (else the interface the kernel reached the host on). torchrun's --local-addr is
+the host's address as the kernel reached it: a host's name may resolve to a loopback address on
+the host itself, as many do, and the kit never relies on resolving names. torchrun's rendezvous
+numbers the nodes by that address (as text), not in the order of `hosts`: the result's `hosts`
+says where each rank ran.
 
 How it ends: ssh runs `python -m ddp_kit.rank.remote`, which stops the host's agent and ranks
 when its stdin ends. The kernel holds that stdin and never writes to it, so stopping the launch
-(timeout, interrupt), the kernel killed or the connection lost all end the host's processes.
+(timeout, interrupt) or the kernel killed end the host's processes; a host gone silent is given
+up by ssh after ALIVE_SECONDS x ALIVE_COUNT (sshd's side notices only if it is set to).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..shared import contract
 from ..shared.errors import LaunchConfigError
+from .torchrun import ranks_pythonpath
 
 LAUNCHERS = ("local", "ssh")
-CONNECT_SECONDS = 10  # ssh's ConnectTimeout: an unreachable host is said within this
+CONNECT_SECONDS = 10  # ssh's ConnectTimeout: how long it tries to reach a host
+ALIVE_SECONDS, ALIVE_COUNT = 5, 3  # ssh gives up on a host silent for 15 s (ServerAlive*)
 PROBE_SECONDS = 60  # the whole probe of every host: ssh, and Python importing torch
 SSH_OPTIONS = "DDP_KIT_SSH_OPTIONS"
 SSH_FAILED = 255  # ssh's exit code for its own errors (the remote command's code otherwise)
@@ -62,13 +75,16 @@ class Host:
     address: str  # the host's address as the kernel reached it (torchrun's --local-addr)
     interface: str  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on this host
     port: int  # a port free on the host: the first host's serves the rendezvous
+    gpus: int  # CUDA GPUs the host's torch sees
 
 
-def validate_hosts(hosts: Sequence[str] | str | None, launcher: str, nnodes: int) -> list[str]:
+def validate_hosts(
+    hosts: Sequence[str] | str | None, launcher: str, nnodes: int, max_restarts: int = 0
+) -> list[str]:
     """The hosts as a list (a string is split at commas), or refuse them, naming the fix."""
     if launcher not in LAUNCHERS:
         raise LaunchConfigError(f"launcher={launcher!r}: choose one of {', '.join(LAUNCHERS)}.")
-    if hosts is None or hosts == [] or hosts == "":
+    if not hosts:
         if launcher != "local":
             raise LaunchConfigError(f'launcher="{launcher}" needs hosts: hosts=["host1", "host2"]'
                                     " (or %%torchrun --hosts host1,host2).")  # fmt: skip
@@ -86,85 +102,148 @@ def validate_hosts(hosts: Sequence[str] | str | None, launcher: str, nnodes: int
     if nnodes not in (1, len(names)):
         raise LaunchConfigError(f"nnodes={nnodes} with {len(names)} hosts: one node per host, "
                                 "leave nnodes out.")  # fmt: skip
+    if max_restarts:
+        raise LaunchConfigError("max_restarts with hosts: torchrun's restarts across hosts are "
+                                "not tested with the kit yet; leave max_restarts out, or run "
+                                "on one machine.")  # fmt: skip
     return names
 
 
 def ssh_argv(host: str, line: str) -> list[str]:
-    """The ssh command that runs the shell command `line` on `host`, asking nothing
-    (BatchMode) and giving up on an unreachable host after CONNECT_SECONDS."""
-    options = shlex.split(os.environ.get(SSH_OPTIONS, ""))
-    return ["ssh", *options, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_SECONDS}",
-            host, "--", line]  # fmt: skip
+    """The ssh command that runs the shell command `line` on `host`: asking nothing
+    (BatchMode), giving up on an unreachable host after CONNECT_SECONDS and on a silent one
+    after ALIVE_SECONDS x ALIVE_COUNT, no terminal, IPv4. ssh keeps an option's first value:
+    the kit's come before DDP_KIT_SSH_OPTIONS, which adds others."""
+    kit = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_SECONDS}",
+           "-o", f"ServerAliveInterval={ALIVE_SECONDS}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
+           "-o", "AddressFamily=inet", "-T"]  # fmt: skip
+    return ["ssh", *kit, *shlex.split(os.environ.get(SSH_OPTIONS, "")), host, "--", line]
 
 
-def probe(names: list[str], python: str, run_dir: Path) -> list[Host]:
-    """Ask every host, in parallel, what `ddp_kit.rank.probe` tells; refuse hosts that cannot
-    run the job, naming the host and what differs."""
-    line = shlex.join(["env", f"PYTHONPATH={kit_parent()}", python, "-m", "ddp_kit.rank.probe",
-                       str(run_dir)])  # fmt: skip
+def probe(names: list[str], python: str, pythonpath: str, needed: list[str]) -> list[Host]:
+    """Ask every host, in parallel, what `ddp_kit.rank.probe` tells (with the ranks' PYTHONPATH),
+    and whether it sees the paths in `needed`; refuse hosts that cannot run the job, naming the
+    host and what differs. PROBE_SECONDS bounds it all."""
+    line = shlex.join(["env", f"PYTHONPATH={pythonpath}", python, "-m", "ddp_kit.rank.probe",
+                       *needed])  # fmt: skip
     asked = {name: subprocess.Popen(ssh_argv(name, line), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name in names}  # fmt: skip
-    answers = {}
-    for name, proc in asked.items():
-        try:
-            out, err = proc.communicate(timeout=PROBE_SECONDS)
-        except subprocess.TimeoutExpired:
-            for other in asked.values():
-                other.kill()
-            raise LaunchConfigError(f"Host {name} did not answer within {PROBE_SECONDS} s "
-                                    "(ssh, then Python importing torch there).") from None
-        if proc.returncode != 0:
-            said = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-            raise LaunchConfigError(f"Host {name} cannot start the job: {said}")
-        answers[name] = json.loads(out.strip().splitlines()[-1])
-    check_alike(answers, python, run_dir)
+    deadline = time.monotonic() + PROBE_SECONDS
+    try:
+        answers = {name: _answer(name, proc, deadline) for name, proc in asked.items()}
+    finally:
+        for proc in asked.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    check_alike(answers, needed)
     first = answers[names[0]]["address"]
-    return [Host(name, a["address"], interface_for(a["interfaces"], a["address"], first), a["port"])
+    if len(names) > 1 and ipaddress.ip_address(first).is_loopback:
+        raise LaunchConfigError(
+            f"Host {names[0]} was reached at {first}, a loopback address: the other hosts could "
+            "not reach its rendezvous there. Name it by an address, or a name, that they reach."
+        )
+    return [Host(name, a["address"], interface_for(name, a["interfaces"], a["address"], first),
+                 a["port"], a["gpus"])
             for name, a in answers.items()]  # fmt: skip
 
 
-def kit_parent() -> str:
-    """The folder that holds this ddp_kit package (the hosts import it from the same path)."""
-    return str(Path(__file__).resolve().parent.parent.parent)
+def _answer(name: str, proc: subprocess.Popen, deadline: float) -> dict:
+    """One host's answer to the probe, or a refusal naming the host and what it said."""
+    try:
+        out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise LaunchConfigError(f"Host {name} did not answer within {PROBE_SECONDS} s (ssh, "
+                                "then Python importing torch there).") from None  # fmt: skip
+    if proc.returncode != 0:
+        said = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise LaunchConfigError(f"Host {name} cannot start the job: {said}")
+    tail = (out.strip().splitlines() or [""])[-1]
+    try:
+        answer = json.loads(tail)
+        assert isinstance(answer, dict) and ANSWER <= answer.keys()
+    except (ValueError, AssertionError):
+        raise LaunchConfigError(
+            f"Host {name} answered the probe with {tail[-200:]!r}, not the line of JSON that "
+            "ddp_kit.rank.probe prints."
+        ) from None
+    return answer
 
 
-def check_alike(answers: Mapping[str, dict], python: str, run_dir: Path) -> None:
-    """Refuse hosts whose Python, torch or kit differ from the kernel's, or that do not see the
-    run directory."""
+ANSWER = {"python", "torch", "kit", "executable", "address", "interfaces", "missing", "port",
+          "gpus"}  # fmt: skip
+
+
+def probe_for(names: list[str], python: str, script: object) -> list[Host]:
+    """probe() for a launch of `script`: every host must see a file made now in this kernel's
+    temporary folder (where the run directory will be), its working directory and, for a .py
+    file, the script."""
+    from .script import _is_path
+
+    made, check = tempfile.mkstemp(prefix="ddp_kit-probe-")
+    os.close(made)
+    needed = [check, os.getcwd()]
+    if _is_path(script):
+        needed.append(str(Path(str(script).strip()).resolve()))
+    try:
+        return probe(names, python, ranks_pythonpath(), needed)
+    finally:
+        os.unlink(check)
+
+
+# What a host's ranks get of the kernel's own environment, beyond the kit's variables and env=:
+# the settings of the libraries under DDP (the rest, PATH and HOME among them, is the host's).
+FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "OMP_", "MKL_",
+             "CUDA_VISIBLE_DEVICES", "DDP_KIT_", "PYTHONHASHSEED")  # fmt: skip
+
+
+def sent_env(ranks: Mapping[str, str], given: Mapping[str, str]) -> dict[str, str]:
+    """The variables a host's ranks are sent (in the ssh command): those the kit set or
+    changed, those given with env=, and the kernel's FORWARDED ones."""
+    return {k: v for k, v in ranks.items()
+            if os.environ.get(k) != v or k in given or k.startswith(FORWARDED)}  # fmt: skip
+
+
+def check_alike(answers: Mapping[str, dict], needed: list[str]) -> None:
+    """Refuse hosts whose Python, torch or kit differ from the kernel's, that do not see a path
+    of `needed`, or that did not say their address."""
     import torch
 
-    import ddp_kit
-
     mine = {"python": sys.version.split()[0], "torch": torch.__version__,
-            "kit": os.path.dirname(ddp_kit.__file__)}  # fmt: skip
+            "kit": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
     for name, answer in answers.items():
         for key, value in mine.items():
             if answer[key] != value:
+                fix = ("give the hosts the same, or name it with python=" if key != "kit" else
+                       "the hosts must import the kit from the same folder (a shared filesystem)")
                 raise LaunchConfigError(
                     f"Host {name} runs {key} {answer[key]} (from {answer['executable']}), the "
-                    f"kernel {value}: give the hosts the same, or name it with python=."
+                    f"kernel {value}: {fix}."
                 )
-        if not answer["run_dir"]:
+        if answer["missing"]:
             raise LaunchConfigError(
-                f"Host {name} does not see the run directory {run_dir}: the hosts need a "
-                "filesystem they share with this machine, at the same paths. Set TMPDIR to a "
-                "shared folder before starting the kernel."
+                f"Host {name} does not see {answer['missing'][0]}: the hosts need a filesystem "
+                "they share with this machine, at the same paths (the run directory is made in "
+                "TMPDIR: set it to a shared folder before starting the kernel)."
             )
         if not answer["address"]:
             raise LaunchConfigError(f"Host {name} did not say its address (no SSH_CONNECTION).")
 
 
-def interface_for(interfaces: Mapping[str, list], own: str, first: str) -> str:
-    """The host's interface whose network holds `first` (the first host's address), else the
-    one that holds `own` (where the kernel reached the host)."""
+def interface_for(name: str, interfaces: Mapping[str, list], own: str, first: str) -> str:
+    """The host's interface whose network holds `first` (the first host's address), the one
+    that holds `own` (where the kernel reached the host) first; else the one that holds `own`."""
     target = ipaddress.ip_address(first)
-    for name, addresses in interfaces.items():
-        for address, netmask in addresses:
-            if target in ipaddress.ip_network(f"{address}/{netmask}", strict=False):
-                return name
-    return next(name for name, addresses in interfaces.items()
-                if any(address == own for address, _ in addresses))  # fmt: skip
+    holds_own = [n for n, found in interfaces.items() if any(a == own for a, _ in found)]
+    reaching = [n for n, found in interfaces.items()
+                if any(target in ipaddress.ip_network(f"{a}/{mask}", strict=False)
+                       for a, mask in found)]  # fmt: skip
+    for choice in ([n for n in holds_own if n in reaching], reaching, holds_own):
+        if choice:
+            return choice[0]
+    raise LaunchConfigError(f"Host {name} has no IPv4 interface holding {own}, where ssh "
+                            "reached it.")  # fmt: skip
 
 
 def remote_commands(hosts: list[Host], agent: list[str], runner: list[str], log_dir: Path,
@@ -179,7 +258,7 @@ def remote_commands(hosts: list[Host], agent: list[str], runner: list[str], log_
         rendezvous = [
             f"--nnodes={len(hosts)}", "--rdzv-backend=c10d", f"--rdzv-id={run_id}",
             f"--rdzv-endpoint={first.address}:{first.port}",
-            f"--rdzv-conf=is_host={int(node == 0)},join_timeout={int(join_timeout)}",
+            f"--rdzv-conf=is_host={int(node == 0)},join_timeout={max(1, math.ceil(join_timeout))}",
             f"--local-addr={host.address}",
         ]  # fmt: skip
         line = [*agent, *rendezvous, "--redirects=3", f"--log-dir={log_dir / f'node{node}'}",

@@ -24,7 +24,7 @@ from ..shared.markers import COMPLETED, node_groups, ranks_marked
 from ..shared.records import Records
 from . import diagnose
 from . import hosts as hosts_module
-from .backend import choose_backend, say_choice
+from .backend import choose_backend, say_choice, say_fallback
 from .hosts import SSH_FAILED
 from .output import RankOutput
 from .progress import LaunchProgress
@@ -94,14 +94,18 @@ def launch(
     a shared filesystem, the same versions), checked before anything starts. The result's
     `hosts` names the host of each rank.
     """
-    validate(nproc, nnodes, timeout, collective_timeout, output, debug)
-    names = hosts_module.validate_hosts(hosts, launcher, nnodes)
+    names = hosts_module.validate_hosts(hosts, launcher, nnodes, max_restarts)
     nnodes = len(names) or nnodes
+    validate(nproc, nnodes, timeout, collective_timeout, output, debug)
     validate_restarts(max_restarts, monitor_interval, timeout, nnodes)
     script_args = validate_args(args)
-    here = nproc if names else nproc * nnodes  # the ranks of one machine (hosts: like this one)
-    choice = choose_backend(here, backend)
-    say_choice(choice, here)
+    found = hosts_module.probe_for(names, python or sys.executable, script) if names else []
+    if found:  # each host runs nproc ranks on its own GPUs
+        choice = choose_backend(nproc, backend, gpus=min(host.gpus for host in found))
+        say_fallback(choice)
+    else:
+        choice = choose_backend(nproc * nnodes, backend)
+        say_choice(choice, nproc * nnodes)
     job = Job(
         script=script,
         nproc=nproc,
@@ -117,7 +121,7 @@ def launch(
         keep_run_dir=keep_run_dir,
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
-        hosts=tuple(names),
+        hosts=tuple(found),
         python=python or sys.executable,
     )
     result, ranks_output = job.run()
@@ -158,7 +162,7 @@ class Job:
     keep_run_dir: bool
     max_restarts: int = 0
     monitor_interval: float | None = None
-    hosts: tuple[str, ...] = ()  # one node each, started over ssh (kernel.hosts)
+    hosts: tuple[hosts_module.Host, ...] = ()  # one node each, started over ssh (kernel.hosts)
     python: str = sys.executable  # the hosts' Python
 
     @property
@@ -237,25 +241,24 @@ class Job:
         return result, output
 
     def _host_commands(self, run_dir, script, environment: dict[str, str]) -> list[list[str]]:
-        """The ssh command of each host, once every host has answered the probe."""
-        found = hosts_module.probe(list(self.hosts), self.python, run_dir)
-        sent = {k: v for k, v in environment.items()  # the kit's variables, and env=
-                if os.environ.get(k) != v or k in self.env}  # fmt: skip
+        """The ssh command of each host: the ranks' environment as hosts_module.sent_env says."""
+        sent = hosts_module.sent_env(environment, self.env)
         agent = agent_argv(self.python, self.nproc, self.max_restarts, self.monitor_interval)
-        return hosts_module.remote_commands(found, agent, runner_argv(script, self.args),
+        return hosts_module.remote_commands(list(self.hosts), agent, runner_argv(script, self.args),
                                             run_dir / contract.LOGS, sent, run_dir.name,
                                             self.timeout)  # fmt: skip
 
     def _node_notes(self, agents: Agents, outcome: AgentsOutcome) -> list[str]:
-        """Which host was lost (its ssh ended with ssh's own error code), and which node's
-        failure made the kit stop the others."""
-        notes = [f"Host {self.hosts[node]} was lost: its ssh connection ended with exit code "
+        """Which host was lost (its ssh ended on its own with ssh's own error code), and which
+        node's failure made the kit stop the others."""
+        notes = [f"Host {self.hosts[node].name} was lost: its ssh connection ended with exit code "
                  f"{SSH_FAILED}, ssh's own error (the host went down, or the network to it)."
                  for node, proc in enumerate(agents.procs)
-                 if self.hosts and proc.returncode == SSH_FAILED]  # fmt: skip
+                 if self.hosts and proc.returncode == SSH_FAILED
+                 and node not in agents.stopped]  # fmt: skip
         if outcome.stopped_after is not None:
             node = outcome.stopped_after
-            where = f"Host {self.hosts[node]}" if self.hosts else f"Node {node}"
+            where = f"Host {self.hosts[node].name}" if self.hosts else f"Node {node}"
             notes.append(f"{where}'s agent ended first, with exit code "
                          f"{agents.procs[node].returncode}: the job had failed, so the kit "
                          f"stopped the other agents {NODE_FAILED_GRACE:g} s later (torchrun "
@@ -266,7 +269,7 @@ class Job:
         """The host of each rank (empty for a launch on this machine, or where unknown)."""
         if not self.hosts or len(groups) != len(self.hosts):
             return []
-        named = {group * self.nproc + local: self.hosts[node]
+        named = {group * self.nproc + local: self.hosts[node].name
                  for node, group in groups.items() for local in range(self.nproc)}  # fmt: skip
         return [named[rank] for rank in range(self.world_size)]
 
@@ -293,7 +296,9 @@ class Job:
             interrupted = True
         finally:
             agents.stop()
-        return AgentsOutcome(agents.returncode, agents.log, timed_out, interrupted, stopped_after)
+        failed_node = agents.procs[stopped_after] if stopped_after is not None else None
+        code = agents.returncode if failed_node is None else failed_node.returncode
+        return AgentsOutcome(code, agents.log, timed_out, interrupted, stopped_after)
 
 
 @dataclass(frozen=True)

@@ -170,19 +170,31 @@ def make_run_dir() -> Path:
 
 
 def owner_text(pid: int) -> str:
-    """ "PID START": a process and its start time (a pid can be reused by a later process)."""
+    """ "PID START MACHINE": a process, its start time (a pid can be reused by a later process)
+    and the machine it runs on (a temporary folder may be shared with other machines: a launch
+    over several hosts asks for one)."""
     import psutil
 
-    return f"{pid} {psutil.Process(pid).create_time():.3f}\n"
+    return f"{pid} {psutil.Process(pid).create_time():.3f} {this_machine()}\n"
+
+
+def this_machine() -> str:
+    """This machine, as long as it runs: Linux's boot id, else the host name (never resolved)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 def owner_alive(text: str) -> bool:
     """Whether the process that an owner file names is still running (not a later process
-    with the same pid). Unreadable: taken as alive, and left alone."""
+    with the same pid). Unreadable, or on another machine: taken as alive, and left alone."""
     import psutil
 
     try:
-        pid, started = text.split()
+        pid, started, *machine = text.split()
+        if machine and machine != [this_machine()]:
+            return True
         return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1.0
     except psutil.NoSuchProcess:
         return False
@@ -243,7 +255,7 @@ def read_attempts(
     return attempts
 
 
-STOP_SECONDS = 10  # how long a host's agent gets to stop its ranks once its ssh stdin ends
+STOP_SECONDS = 10  # how long the hosts' agents get to stop their ranks once ssh's stdin ends
 # Once one node's agent has failed, the others' ranks have this long to end on their own (a
 # collective with the lost ranks raises at once) before the kit stops them: torchrun would keep
 # a finished node's agent in its exit barrier, waiting 300 s for the failed one.
@@ -274,6 +286,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def ranks_pythonpath() -> str:
+    """The ranks' PYTHONPATH: the folder that holds ddp_kit first, then the kernel's."""
+    package_parent = str(Path(__file__).resolve().parent.parent.parent)
+    return os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))
+
+
 def rank_env(
     run_dir: Path,
     backend: str,
@@ -285,12 +303,11 @@ def rank_env(
     """The environment of every agent and rank: loopback gloo, the backend and device kind
     (None: the backend's own, cuda for nccl, cpu for gloo), where to write results, and
     torch's distributed debug level (unless `extra` sets TORCH_DISTRIBUTED_DEBUG itself)."""
-    package_parent = str(Path(__file__).resolve().parent.parent.parent)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(
         PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")])),
+        PYTHONPATH=ranks_pythonpath(),
         GLOO_SOCKET_IFNAME=loopback_interface(),
     )
     env.update({
@@ -365,6 +382,7 @@ class Agents:
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[list[str]] = field(default_factory=list)
     readers: list[threading.Thread] = field(default_factory=list)
+    stopped: set[int] = field(default_factory=set)  # the nodes still running when stop() began
 
     @classmethod
     def start(
@@ -417,12 +435,16 @@ class Agents:
 
     def stop(self) -> None:
         """Stop every agent still running, with its ranks; wait for all of them."""
+        self.stopped = {node for node, proc in enumerate(self.procs) if proc.poll() is None}
         for proc in self.procs:
             if proc.stdin is not None:  # a host's: its end stops the host's agent and ranks
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
+        deadline = time.monotonic() + STOP_SECONDS
+        for proc in self.procs:
+            if proc.stdin is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=STOP_SECONDS)
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             if proc.poll() is None:
                 stop_tree(proc.pid)
             proc.wait()

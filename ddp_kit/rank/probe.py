@@ -1,16 +1,18 @@
-"""`python -m ddp_kit.rank.probe RUN_DIR`: what the kernel asks a host before a launch over several
+"""`python -m ddp_kit.rank.probe PATH...`: what the kernel asks a host before a launch over several
 hosts (kernel.hosts), in one line of JSON on stdout:
 
-    python, torch, kit   the Python and torch versions and the kit's folder this host would run
-                         (they must equal the kernel's)
+    python, torch, kit   the Python and torch versions and the kit's folder (its real path)
+                         this host would run (they must equal the kernel's)
     executable           the Python that answered
     address              the host's address as the kernel reached it (SSH_CONNECTION's server
                          side), or null outside ssh
     interfaces           {name: [[IPv4 address, netmask], ...]}: where the kernel chooses
                          GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, by the first host's address
-    run_dir              whether RUN_DIR, which the kernel made, is there: the kit needs a
+    missing              the PATHs (a file the kernel made in its temporary folder, its working
+                         directory, the script) this host does not see: the kit needs a
                          filesystem that every host shares (as clusters have), same paths
     port                 a TCP port free on `address` now (the first host's is the rendezvous's)
+    gpus                 the CUDA GPUs this host's torch sees
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import socket
 import sys
 
 
-def facts(run_dir: str) -> dict:
+def facts(paths: list[str]) -> dict:
     import psutil
     import torch
 
@@ -37,17 +39,18 @@ def facts(run_dir: str) -> dict:
     return {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "kit": os.path.dirname(ddp_kit.__file__),
+        "kit": os.path.dirname(os.path.realpath(ddp_kit.__file__)),
         "executable": sys.executable,
         "address": address,
         "interfaces": {k: v for k, v in interfaces.items() if v},
-        "run_dir": os.path.isdir(run_dir),
+        "missing": [path for path in paths if not os.path.exists(path)],
         "port": port,
+        "gpus": torch.cuda.device_count(),
     }
 
 
 def main() -> None:
-    print(json.dumps(facts(sys.argv[1])), flush=True)
+    print(json.dumps(facts(sys.argv[1:])), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """`python -m ddp_kit.rank.remote COMMAND...`: what ssh runs on each host of a launch over
 several hosts (kernel.hosts). It starts COMMAND (the host's torchrun agent) and stands in for it:
 
-- it exits with COMMAND's exit code once COMMAND ends;
+- it exits with COMMAND's exit code once COMMAND ends (128 + N for a death by signal N);
 - when its stdin ends, it stops COMMAND with its ranks and exits. The kernel holds the other end
   of that stdin, through ssh, and never writes to it: the kernel stopping the launch, the kernel
   killed, or the connection lost all close it, and nothing is left running on the host. (Without
@@ -23,19 +23,26 @@ HANG_UP = 129  # the exit code of a command ended by SIGHUP, as a shell reports 
 def main() -> None:
     command = sys.argv[1:]
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    ending = threading.Lock()  # held by whichever way out comes first: the other waits
 
     def watch_stdin() -> None:
         while sys.stdin.buffer.read1(4096):
             pass
-        if child.poll() is None:
-            stop_tree(child.pid)
-        sys.stdout.flush()
-        os._exit(HANG_UP)
+        with ending:
+            if child.poll() is None:
+                stop_tree(child.pid)
+            leave(HANG_UP)
 
     threading.Thread(target=watch_stdin, daemon=True).start()
     code = child.wait()
+    with ending:  # a signal's death (-N) as a shell reports it, 128 + N
+        leave(128 - code if code < 0 else code)
+
+
+def leave(code: int) -> None:
+    """Exit now: not sys.exit, which would wait for the thread that reads stdin."""
     sys.stdout.flush()
-    os._exit(code)  # not sys.exit: the thread reading stdin would stop Python's shutdown
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,11 @@ def mark(stage: str, rank: int) -> None:
     """Leave `stage`'s marker for `rank` (nothing outside a launch: no DDP_KIT_MARKER_DIR),
     holding the rank's host index (DDP_KIT_NODE) in a launch over several hosts."""
     marker_dir = os.environ.get(MARKER_DIR)
-    if marker_dir:
-        (Path(marker_dir) / f"{stage}{rank}").write_text(os.environ.get(NODE, ""))
+    if marker_dir:  # written whole, then named: a reader never sees it half written
+        path = Path(marker_dir) / f"{stage}{rank}"
+        part = path.with_name(f".{path.name}.{os.getpid()}")
+        part.write_text(os.environ.get(NODE, ""))
+        os.replace(part, path)
 
 
 def node_groups(marker_dir: Path, nproc: int) -> dict[int, int]:
