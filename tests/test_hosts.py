@@ -20,11 +20,18 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "hosts"))
-from netns import namespace_hosts, namespace_support, our_namespaces, sshd_hosts  # noqa: E402
+from netns import (  # noqa: E402
+    namespace_hosts,
+    namespace_support,
+    our_namespaces,
+    slurm_cluster,
+    sshd_hosts,
+)
 
 from ddp_kit.kernel.hosts import CONNECT_SECONDS  # noqa: E402
 
@@ -37,8 +44,10 @@ PYTHON = sys.executable
 @pytest.fixture(scope="module")
 def net():
     ok, why = namespace_support()
-    if ok and not Path("/usr/sbin/sshd").exists():
-        ok, why = False, "no /usr/sbin/sshd (Debian's openssh-server; .ci/run installs it)"
+    for tool, package in (("/usr/sbin/sshd", "openssh-server"), ("/usr/sbin/slurmd", "slurm-wlm"),
+                          ("/usr/sbin/munged", "munge")):  # fmt: skip
+        if ok and not Path(tool).exists():
+            ok, why = False, f"no {tool} (Debian's {package}; .ci/run installs it)"
     if not ok:
         if os.environ.get("DDP_KIT_REQUIRE_HOSTS"):
             pytest.fail(f"DDP_KIT_REQUIRE_HOSTS is set, but {why}")
@@ -50,9 +59,9 @@ def net():
 
 
 def ours(net, host: str) -> list[int]:
-    """The processes of a test on `host`: all in its namespace but sshd itself."""
-    daemon = net.ssh.daemons.get(host)
-    return [p for p in net.pids(host) if daemon is None or p != daemon.pid]
+    """The processes of a test on `host`: all in its namespace but the daemons (sshd, slurmd)."""
+    daemons = {d.pid for d in net.ssh.daemons.values()} | getattr(net, "slurm_daemons", set())
+    return [p for p in net.pids(host) if p not in daemons]
 
 
 def nothing_left(net, seconds: float = 15.0) -> dict[str, list[int]]:
@@ -65,16 +74,21 @@ def nothing_left(net, seconds: float = 15.0) -> dict[str, list[int]]:
         time.sleep(0.2)
 
 
-def kernel(net, code: str, **popen) -> subprocess.Popen:
-    """A kernel on h0: Python running `code`, ssh told where the hosts' keys are."""
+def kernel(net, code: str, slurm=None, **popen) -> subprocess.Popen:
+    """A kernel on h0: Python running `code`, ssh told where the hosts' keys are; with `slurm`,
+    inside an allocation of both nodes (salloc), as a kernel on a cluster's login node."""
     env = {**os.environ, "DDP_KIT_SSH_OPTIONS": f"-F {net.ssh.config}", "DDP_KIT_PROGRESS": "0"}
-    return net.popen("h0", PYTHON, "-c", code, env=env, cwd=ROOT, text=True,
+    allocation = []
+    if slurm is not None:
+        env["SLURM_CONF"] = str(slurm.conf)
+        allocation = ["salloc", "--nodes=2", "--quiet"]
+    return net.popen("h0", *allocation, PYTHON, "-c", code, env=env, cwd=ROOT, text=True,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # fmt: skip
 
 
-def answer(net, code: str, timeout: float = 180) -> dict:
+def answer(net, code: str, timeout: float = 180, slurm=None) -> dict:
     """Run `code` in a kernel on h0; the JSON it printed last."""
-    proc = kernel(net, code)
+    proc = kernel(net, code, slurm)
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])
@@ -258,3 +272,49 @@ ddp_kit.launch({LONG!r}, nproc=2, hosts=["h1", "h2"], launcher="ssh", output="qu
     proc.kill()  # SIGKILL: no cleanup of its own; ssh sees its stdin end
     proc.communicate()
     assert nothing_left(net, seconds=30) == {}
+
+
+@pytest.fixture(scope="module")
+def slurm(net):
+    """A real SLURM: slurmctld on h0, slurmd on h1 and h2 (munge keys made per run)."""
+    with slurm_cluster(net, controller="h0", nodes=("h1", "h2")) as cluster:
+        net.slurm_daemons = {daemon.pid for daemon in cluster.daemons.values()}
+        yield cluster
+        net.slurm_daemons = set()
+
+
+def test_inside_a_slurm_allocation_srun_starts_one_node_per_host(net, slurm):
+    seen = answer(net, f"""
+import json, ddp_kit
+run = ddp_kit.launch({JOB!r}, nproc=2, launcher="slurm", output="quiet")
+print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "hosts": run.hosts,
+                   "commands": run.commands}}))
+""", slurm=slurm)
+    assert seen["hosts"] == ["h1", "h1", "h2", "h2"]  # the allocation's nodes, by SLURM
+    assert seen["seen"] == [[0, "veth-h1", 10.0], [1, "veth-h1", 10.0],
+                            [2, "veth-h2", 10.0], [3, "veth-h2", 10.0]]  # fmt: skip
+    (srun,) = seen["commands"]
+    assert srun[:5] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--nodelist=h1,h2",
+                        "--kill-on-bad-exit=1"]  # fmt: skip
+    assert nothing_left(net) == {}
+
+
+def test_a_killed_kernel_in_an_allocation_leaves_no_process_on_any_node(net, slurm, tmp_path):
+    proc = kernel(net, f"""
+import ddp_kit
+ddp_kit.launch({LONG!r}, nproc=2, launcher="slurm", output="quiet", args=[{str(tmp_path)!r}])
+""", slurm=slurm)
+    started_training(proc, tmp_path)
+    (python,) = psutil.Process(proc.pid).children()  # salloc's child: the kernel
+    python.kill()  # SIGKILL: no cleanup of its own; srun sees its stdin end
+    proc.communicate()
+    assert nothing_left(net, seconds=30) == {}
+
+
+def test_the_slurm_launcher_outside_an_allocation_is_refused_naming_the_fix(monkeypatch):
+    import ddp_kit
+    from ddp_kit.shared.errors import LaunchConfigError
+
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    with pytest.raises(LaunchConfigError, match=r'launcher="slurm" runs inside a SLURM allocation'):
+        ddp_kit.launch("print('never runs')", launcher="slurm")

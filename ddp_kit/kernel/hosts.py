@@ -4,40 +4,46 @@ rendezvous, OpenSSH, and the files of the run directory.)
 
     launch(script, nproc=2, hosts=["gpu1", "gpu2"], launcher="ssh")   # 2 hosts x 2 ranks
     %%torchrun -n 2 --hosts gpu1,gpu2 --launcher ssh
+    launch(script, nproc=2, launcher="slurm")   # inside an allocation: one node per node of it
 
 Words (the package docstring defines the rest):
 host      a machine that runs one node of the job: its torchrun agent and its `nproc` ranks,
           named as the kernel's ssh reaches it (a name in ~/.ssh/config, or an address).
-launcher  how the agents start: "local" (every node on this machine, on 127.0.0.1) or "ssh"
-          (the system's OpenSSH client, one connection per host).
+launcher  how the agents start: "local" (every node on this machine, on 127.0.0.1), "ssh" (the
+          system's OpenSSH client, one connection per host) or "slurm" (inside the kernel's
+          allocation: one srun, one task per node; the hosts are the allocation's nodes,
+          SLURM_JOB_NODELIST, or some of them, and their addresses SLURM's NodeAddr).
 
 What the hosts need, checked before anything starts (`probe`, one ssh per host, in parallel,
 PROBE_SECONDS in all):
-- ssh reaches each host with no question asked (keys and known hosts: BatchMode=yes); ssh tries
-  to connect for CONNECT_SECONDS. DDP_KIT_SSH_OPTIONS adds options to every ssh, e.g.
-  "-F path/ssh_config" (the kit's own, in `ssh_argv`, come first: ssh keeps the first value).
+- ssh reaches each host with no question asked (keys, and host keys in known_hosts:
+  BatchMode=yes); ssh tries to connect for CONNECT_SECONDS. DDP_KIT_SSH_OPTIONS adds options to
+  every ssh, e.g. "-F path/ssh_config" (the kit's own `-o` options, in `ssh_argv`, come first:
+  ssh keeps the first value of each). Under SLURM, srun starts the probe on every node.
 - A filesystem that every host shares, with the same paths, as a cluster's home or project space:
   the run directory (made in the kernel's temporary folder: set TMPDIR to a shared folder
-  before the kernel starts), the kernel's working directory, the script, the kit and Python
-  itself are read there. The records, error reports and logs are written to the run directory,
-  and the kernel reads them where they are: nothing is copied.
-- The same Python and torch versions, and the kit from the same folder (`python=` names the
-  Python on the hosts, default the kernel's own path). The backend is chosen by the hosts' GPUs
-  (the fewest any host has), not the kernel's.
+  before the kernel starts), the kernel's working directory and the script are read there,
+  and the kit and Python must be at the same paths. The records, error reports and logs are
+  written to the run directory, and the kernel reads them where they are: nothing is copied.
+- The same Python (x.y.z) and torch build (2.13.0+cu128 is not 2.13.0+cpu), and the kit from
+  the same folder (`python=` names the Python on the hosts, default the kernel's own path).
+  The backend is chosen by the hosts' GPUs (the fewest any host has), not the kernel's.
 
 What each host is given: the ranks' environment in the ssh command (`sent_env`: the kit's
 variables, env=, and the kernel's FORWARDED settings of NCCL, gloo, torch and OpenMP), and
 GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to the interface whose network holds the first
-host's address (else the interface the kernel reached the host on). torchrun's --local-addr is
-the host's address as the kernel reached it: a host's name may resolve to a loopback address on
-the host itself, as many do, and the kit never relies on resolving names. torchrun's rendezvous
-numbers the nodes by that address (as text), not in the order of `hosts`: the result's `hosts`
-says where each rank ran.
+host's address (else the interface the kernel reached the host on), unless env= names them.
+Every host must reach every other at its address: gloo connects every pair of ranks.
+torchrun's --local-addr is the host's address as the kernel reached it (under SLURM, its
+NodeAddr): a host's name may resolve to a loopback address on the host itself, as many do, and
+the kit never relies on resolving names. torchrun's rendezvous numbers the nodes by that
+address (as text), not in the order of `hosts`: the result's `hosts` says where each rank ran.
 
-How it ends: ssh runs `python -m ddp_kit.rank.remote`, which stops the host's agent and ranks
-when its stdin ends. The kernel holds that stdin and never writes to it, so stopping the launch
-(timeout, interrupt) or the kernel killed end the host's processes; a host gone silent is given
-up by ssh after ALIVE_SECONDS x ALIVE_COUNT (sshd's side notices only if it is set to).
+How it ends: ssh (or srun) runs `python -m ddp_kit.rank.remote`, which stops the host's agent
+and ranks when its stdin ends. The kernel holds that stdin and never writes to it, so stopping
+the launch (timeout, interrupt) or the kernel killed end the host's processes. A host gone
+silent: the kernel's ssh gives up after about 20 s; the host's processes run on until its sshd
+notices (ClientAliveInterval, if set), or the job ends.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -59,9 +66,10 @@ from ..shared import contract
 from ..shared.errors import LaunchConfigError
 from .torchrun import ranks_pythonpath
 
-LAUNCHERS = ("local", "ssh")
+LAUNCHERS = ("local", "ssh", "slurm")
 CONNECT_SECONDS = 10  # ssh's ConnectTimeout: how long it tries to reach a host
-ALIVE_SECONDS, ALIVE_COUNT = 5, 3  # ssh gives up on a host silent for 15 s (ServerAlive*)
+# The kernel's ssh gives up on a host silent for (ALIVE_COUNT + 1) x ALIVE_SECONDS, about 20 s
+ALIVE_SECONDS, ALIVE_COUNT = 5, 3
 PROBE_SECONDS = 60  # the whole probe of every host: ssh, and Python importing torch
 SSH_OPTIONS = "DDP_KIT_SSH_OPTIONS"
 SSH_FAILED = 255  # ssh's exit code for its own errors (the remote command's code otherwise)
@@ -85,6 +93,8 @@ def validate_hosts(
     if launcher not in LAUNCHERS:
         raise LaunchConfigError(f"launcher={launcher!r}: choose one of {', '.join(LAUNCHERS)}.")
     if not hosts:
+        if launcher == "slurm":
+            return slurm_nodes()
         if launcher != "local":
             raise LaunchConfigError(f'launcher="{launcher}" needs hosts: hosts=["host1", "host2"]'
                                     " (or %%torchrun --hosts host1,host2).")  # fmt: skip
@@ -99,6 +109,13 @@ def validate_hosts(
     if launcher == "local":
         raise LaunchConfigError('hosts= starts agents on other machines: add launcher="ssh" '
                                 "(or %%torchrun --launcher ssh).")  # fmt: skip
+    if launcher == "slurm":
+        outside = sorted(set(names) - set(slurm_nodes()))
+        if outside:
+            raise LaunchConfigError(
+                f"hosts={hosts!r}: {outside[0]} is not a node of this SLURM allocation; leave "
+                "hosts out to use all of its nodes."
+            )
     if nnodes not in (1, len(names)):
         raise LaunchConfigError(f"nnodes={nnodes} with {len(names)} hosts: one node per host, "
                                 "leave nnodes out.")  # fmt: skip
@@ -120,18 +137,23 @@ def ssh_argv(host: str, line: str) -> list[str]:
     return ["ssh", *kit, *shlex.split(os.environ.get(SSH_OPTIONS, "")), host, "--", line]
 
 
-def probe(names: list[str], python: str, pythonpath: str, needed: list[str]) -> list[Host]:
+def probe(names: list[str], python: str, pythonpath: str, needed: list[str],
+          launcher: str = "ssh") -> list[Host]:  # fmt: skip
     """Ask every host, in parallel, what `ddp_kit.rank.probe` tells (with the ranks' PYTHONPATH),
     and whether it sees the paths in `needed`; refuse hosts that cannot run the job, naming the
-    host and what differs. PROBE_SECONDS bounds it all."""
-    line = shlex.join(["env", f"PYTHONPATH={pythonpath}", python, "-m", "ddp_kit.rank.probe",
-                       *needed])  # fmt: skip
-    asked = {name: subprocess.Popen(ssh_argv(name, line), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in names}  # fmt: skip
+    host and what differs. PROBE_SECONDS bounds it all. ssh: one connection per host; slurm:
+    one srun, and each node's address from SLURM (NodeAddr)."""
+    command = ["env", f"PYTHONPATH={pythonpath}", python, "-m", "ddp_kit.rank.probe", *needed]
+    if launcher == "slurm":
+        asked = {"srun": _start(srun_argv(names, command))}
+    else:
+        asked = {name: _start(ssh_argv(name, shlex.join(command))) for name in names}
     deadline = time.monotonic() + PROBE_SECONDS
     try:
-        answers = {name: _answer(name, proc, deadline) for name, proc in asked.items()}
+        if launcher == "slurm":
+            answers = _srun_answers(names, asked["srun"], deadline)
+        else:
+            answers = {name: _answer(name, proc, deadline) for name, proc in asked.items()}
     finally:
         for proc in asked.values():
             if proc.poll() is None:
@@ -149,33 +171,61 @@ def probe(names: list[str], python: str, pythonpath: str, needed: list[str]) -> 
             for name, a in answers.items()]  # fmt: skip
 
 
+def _start(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
 def _answer(name: str, proc: subprocess.Popen, deadline: float) -> dict:
     """One host's answer to the probe, or a refusal naming the host and what it said."""
+    return _parsed(f"Host {name}", _finished(f"Host {name}", proc, deadline))
+
+
+def _finished(name: str, proc: subprocess.Popen, deadline: float) -> str:
+    """What `proc` (a probe of `name`: a host, or srun) printed, once it ended well."""
     try:
         out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        raise LaunchConfigError(f"Host {name} did not answer within {PROBE_SECONDS} s (ssh, "
+        raise LaunchConfigError(f"{name} did not answer within {PROBE_SECONDS} s (the start, "
                                 "then Python importing torch there).") from None  # fmt: skip
     if proc.returncode != 0:
         said = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise LaunchConfigError(f"Host {name} cannot start the job: {said}")
+        raise LaunchConfigError(f"{name} cannot start the job: {said}")
+    return out
+
+
+def _srun_answers(names: list[str], proc: subprocess.Popen, deadline: float) -> dict[str, dict]:
+    """Each node's answer, from the lines srun printed (one per task), with its NodeAddr."""
+    lines = _finished(f"srun on {','.join(names)}", proc, deadline).strip().splitlines()
+    answers = {}
+    for line in lines:
+        answer = _parsed("A node", line)
+        answers[answer["node"]] = {**answer, "address": slurm_address(answer["node"])}
+    missing = [name for name in names if name not in answers]
+    if missing:
+        raise LaunchConfigError(f"Node {missing[0]} gave srun no answer to the probe.")
+    return {name: answers[name] for name in names}
+
+
+def _parsed(name: str, out: str) -> dict:
+    """The probe's line of JSON in `out` (its last line), or a refusal naming `name`."""
     tail = (out.strip().splitlines() or [""])[-1]
     try:
         answer = json.loads(tail)
         assert isinstance(answer, dict) and ANSWER <= answer.keys()
     except (ValueError, AssertionError):
         raise LaunchConfigError(
-            f"Host {name} answered the probe with {tail[-200:]!r}, not the line of JSON that "
+            f"{name} answered the probe with {tail[-200:]!r}, not the line of JSON that "
             "ddp_kit.rank.probe prints."
         ) from None
     return answer
 
 
 ANSWER = {"python", "torch", "kit", "executable", "address", "interfaces", "missing", "port",
-          "gpus"}  # fmt: skip
+          "gpus", "node"}  # fmt: skip
 
 
-def probe_for(names: list[str], python: str, script: object) -> list[Host]:
+def probe_for(names: list[str], python: str, script: object, launcher: str) -> list[Host]:
     """probe() for a launch of `script`: every host must see a file made now in this kernel's
     temporary folder (where the run directory will be), its working directory and, for a .py
     file, the script."""
@@ -187,15 +237,16 @@ def probe_for(names: list[str], python: str, script: object) -> list[Host]:
     if _is_path(script):
         needed.append(str(Path(str(script).strip()).resolve()))
     try:
-        return probe(names, python, ranks_pythonpath(), needed)
+        return probe(names, python, ranks_pythonpath(), needed, launcher)
     finally:
         os.unlink(check)
 
 
 # What a host's ranks get of the kernel's own environment, beyond the kit's variables and env=:
 # the settings of the libraries under DDP (the rest, PATH and HOME among them, is the host's).
+# (Not CUDA_VISIBLE_DEVICES: a host's GPUs are its own, as the probe counted them.)
 FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "OMP_", "MKL_",
-             "CUDA_VISIBLE_DEVICES", "DDP_KIT_", "PYTHONHASHSEED")  # fmt: skip
+             "DDP_KIT_", "PYTHONHASHSEED")  # fmt: skip
 
 
 def sent_env(ranks: Mapping[str, str], given: Mapping[str, str]) -> dict[str, str]:
@@ -247,14 +298,34 @@ def interface_for(name: str, interfaces: Mapping[str, list], own: str, first: st
 
 
 def remote_commands(hosts: list[Host], agent: list[str], runner: list[str], log_dir: Path,
-                    env: Mapping[str, str], run_id: str, join_timeout: float) -> list[list[str]]:
-    """One ssh command per host: its agent, in the kernel's working directory, with `env` and
-    the host's interface, at the rendezvous on the first host."""
+                    env: Mapping[str, str], run_id: str, join_timeout: float,
+                    launcher: str = "ssh", given: Mapping[str, str] | None = None,
+                    ) -> list[list[str]]:  # fmt: skip
+    """ssh: one command per host. slurm: one srun, one task per node, each task picking its own
+    line by its node's name (SLURMD_NODENAME). Each line runs the host's agent under
+    `ddp_kit.rank.remote`, in the kernel's working directory, with `env` and the host's
+    interface, at the rendezvous on the first host."""
+    lines = node_lines(hosts, agent, runner, log_dir, env, run_id, join_timeout, given)
+    remote = ["env", f"PYTHONPATH={env['PYTHONPATH']}", agent[0], "-m", "ddp_kit.rank.remote"]
+    if launcher == "slurm":  # srun's task is the wrapper, its child the node's line
+        per_node = json.dumps({host.name: line for host, line in zip(hosts, lines, strict=True)})
+        return [srun_argv([h.name for h in hosts], [*remote, "--per-node", per_node])]
+    cd = f"cd {shlex.quote(os.getcwd())} && exec "
+    return [ssh_argv(host.name, cd + shlex.join([*remote, *line]))
+            for host, line in zip(hosts, lines, strict=True)]  # fmt: skip
+
+
+def node_lines(hosts: list[Host], agent: list[str], runner: list[str], log_dir: Path,
+               env: Mapping[str, str], run_id: str, join_timeout: float,
+               given: Mapping[str, str] | None = None) -> list[list[str]]:  # fmt: skip
+    """Each host's command line: `env VARIABLES AGENT...` (the agent's own environment). The
+    interface variables are the host's, unless env= (`given`) names them."""
     first = hosts[0]
     commands = []
     for node, host in enumerate(hosts):
-        host_env = {**env, "GLOO_SOCKET_IFNAME": host.interface,
-                    "NCCL_SOCKET_IFNAME": host.interface, contract.NODE: str(node)}  # fmt: skip
+        interfaces = {"GLOO_SOCKET_IFNAME": host.interface, "NCCL_SOCKET_IFNAME": host.interface}
+        interfaces.update({k: v for k, v in (given or {}).items() if k in interfaces})
+        host_env = {**env, **interfaces, contract.NODE: str(node)}
         rendezvous = [
             f"--nnodes={len(hosts)}", "--rdzv-backend=c10d", f"--rdzv-id={run_id}",
             f"--rdzv-endpoint={first.address}:{first.port}",
@@ -264,7 +335,37 @@ def remote_commands(hosts: list[Host], agent: list[str], runner: list[str], log_
         line = [*agent, *rendezvous, "--redirects=3", f"--log-dir={log_dir / f'node{node}'}",
                 *runner]  # fmt: skip
         variables = [f"{k}={v}" for k, v in sorted(host_env.items())]
-        remote = ["env", *variables, agent[0], "-m", "ddp_kit.rank.remote", *line]
-        shell = f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(remote)}"
-        commands.append(ssh_argv(host.name, shell))
+        commands.append(["env", *variables, *line])
     return commands
+
+
+def srun_argv(names: list[str], command: list[str]) -> list[str]:
+    """srun running `command` once on each node of `names` (in the kernel's allocation), in the
+    kernel's working directory; one failed task ends them all. srun gives every task its stdin."""
+    return ["srun", f"--nodes={len(names)}", "--ntasks-per-node=1", f"--nodelist={','.join(names)}",
+            "--kill-on-bad-exit=1", "--input=all", *command]  # fmt: skip
+
+
+def slurm_nodes() -> list[str]:
+    """The nodes of the kernel's SLURM allocation (SLURM_JOB_NODELIST, as scontrol expands it),
+    or a refusal outside one."""
+    if "SLURM_JOB_NODELIST" not in os.environ:
+        raise LaunchConfigError('launcher="slurm" runs inside a SLURM allocation, and this kernel '
+                                "is not in one (no SLURM_JOB_NODELIST): start it in one (salloc "
+                                '--nodes 2 ...), or use launcher="ssh".')  # fmt: skip
+    return _scontrol("show", "hostnames", os.environ["SLURM_JOB_NODELIST"]).split()
+
+
+def slurm_address(name: str) -> str:
+    """A node's address as SLURM records it (NodeAddr): where its slurmd is reached."""
+    found = re.search(r"\bNodeAddr=(\S+)", _scontrol("show", "node", name))
+    if not found:
+        raise LaunchConfigError(f"scontrol show node {name} gives no NodeAddr.")
+    return found.group(1)
+
+
+def _scontrol(*words: str) -> str:
+    done = subprocess.run(["scontrol", *words], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise LaunchConfigError(f"scontrol {' '.join(words)}: {done.stderr.strip()}")
+    return done.stdout

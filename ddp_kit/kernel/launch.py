@@ -99,7 +99,8 @@ def launch(
     validate(nproc, nnodes, timeout, collective_timeout, output, debug)
     validate_restarts(max_restarts, monitor_interval, timeout, nnodes)
     script_args = validate_args(args)
-    found = hosts_module.probe_for(names, python or sys.executable, script) if names else []
+    found = (hosts_module.probe_for(names, python or sys.executable, script, launcher)
+             if names else [])  # fmt: skip
     if found:  # each host runs nproc ranks on its own GPUs
         choice = choose_backend(nproc, backend, gpus=min(host.gpus for host in found))
         say_fallback(choice)
@@ -122,6 +123,7 @@ def launch(
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         hosts=tuple(found),
+        launcher=launcher,
         python=python or sys.executable,
     )
     result, ranks_output = job.run()
@@ -162,7 +164,8 @@ class Job:
     keep_run_dir: bool
     max_restarts: int = 0
     monitor_interval: float | None = None
-    hosts: tuple[hosts_module.Host, ...] = ()  # one node each, started over ssh (kernel.hosts)
+    hosts: tuple[hosts_module.Host, ...] = ()  # one node each, by ssh or srun (kernel.hosts)
+    launcher: str = "local"
     python: str = sys.executable  # the hosts' Python
 
     @property
@@ -246,7 +249,7 @@ class Job:
         agent = agent_argv(self.python, self.nproc, self.max_restarts, self.monitor_interval)
         return hosts_module.remote_commands(list(self.hosts), agent, runner_argv(script, self.args),
                                             run_dir / contract.LOGS, sent, run_dir.name,
-                                            self.timeout)  # fmt: skip
+                                            self.timeout, self.launcher, self.env)  # fmt: skip
 
     def _node_notes(self, agents: Agents, outcome: AgentsOutcome) -> list[str]:
         """Which host was lost (its ssh ended on its own with ssh's own error code), and which
@@ -254,7 +257,7 @@ class Job:
         notes = [f"Host {self.hosts[node].name} was lost: its ssh connection ended with exit code "
                  f"{SSH_FAILED}, ssh's own error (the host went down, or the network to it)."
                  for node, proc in enumerate(agents.procs)
-                 if self.hosts and proc.returncode == SSH_FAILED
+                 if self.launcher == "ssh" and proc.returncode == SSH_FAILED
                  and node not in agents.stopped]  # fmt: skip
         if outcome.stopped_after is not None:
             node = outcome.stopped_after

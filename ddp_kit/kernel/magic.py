@@ -106,13 +106,14 @@ def torchrun_parser() -> MagicParser:
         ("--hosts",): {
             "default": default_of(launch, "hosts"),
             "help": "one node on each of these hosts, as ssh reaches them, comma-separated: "
-            "--hosts gpu1,gpu2 --launcher ssh (default: this machine)",
+            "--hosts gpu1,gpu2 --launcher ssh (default: this machine; with --launcher slurm, "
+            "every node of the kernel's allocation)",
         },
         ("--launcher",): {
             "choices": LAUNCHERS,
             "default": default_of(launch, "launcher"),
-            "help": "how the nodes' agents start: local (this machine) or ssh (one connection "
-            "per host) (default: %(default)s)",
+            "help": "how the nodes' agents start: local (this machine), ssh (one connection "
+            "per host) or slurm (srun, inside the kernel's allocation) (default: %(default)s)",
         },
         ("--python",): {
             "default": default_of(launch, "python"),

@@ -13,6 +13,7 @@ hosts (kernel.hosts), in one line of JSON on stdout:
                          filesystem that every host shares (as clusters have), same paths
     port                 a TCP port free on `address` now (the first host's is the rendezvous's)
     gpus                 the CUDA GPUs this host's torch sees
+    node                 the node's name under srun (SLURMD_NODENAME), else null
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def facts(paths: list[str]) -> dict:
         "missing": [path for path in paths if not os.path.exists(path)],
         "port": port,
         "gpus": torch.cuda.device_count(),
+        "node": os.environ.get("SLURMD_NODENAME"),
     }
 
 

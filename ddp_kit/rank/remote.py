@@ -1,15 +1,20 @@
-"""`python -m ddp_kit.rank.remote COMMAND...`: what ssh runs on each host of a launch over
-several hosts (kernel.hosts). It starts COMMAND (the host's torchrun agent) and stands in for it:
+"""`python -m ddp_kit.rank.remote COMMAND...`: what ssh (or srun) runs on each host of a launch
+over several hosts (kernel.hosts). It starts COMMAND (the host's torchrun agent) and stands in
+for it:
 
 - it exits with COMMAND's exit code once COMMAND ends (128 + N for a death by signal N);
+- `--per-node JSON` (under srun, one task per node): COMMAND is JSON[SLURMD_NODENAME];
 - when its stdin ends, it stops COMMAND with its ranks and exits. The kernel holds the other end
-  of that stdin, through ssh, and never writes to it: the kernel stopping the launch, the kernel
-  killed, or the connection lost all close it, and nothing is left running on the host. (Without
-  a terminal, sshd sends a remote command no SIGHUP when the connection goes.)
+  of that stdin, through ssh (or srun, which gives every task its stdin), and never writes to
+  it: the kernel stopping the launch, or the kernel killed, close it, and nothing is left
+  running on the host. A connection lost without a word closes it only once sshd notices
+  (ClientAliveInterval). (Without a terminal, sshd sends a remote command no SIGHUP when the
+  connection goes.)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +27,8 @@ HANG_UP = 129  # the exit code of a command ended by SIGHUP, as a shell reports 
 
 def main() -> None:
     command = sys.argv[1:]
+    if command[:1] == ["--per-node"]:  # srun: one task per node, each runs its node's line
+        command = json.loads(command[1])[os.environ["SLURMD_NODENAME"]]
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
     ending = threading.Lock()  # held by whichever way out comes first: the other waits
 
