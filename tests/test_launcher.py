@@ -291,3 +291,11 @@ def test_run_directories_of_a_gone_owner_are_removed_and_others_kept(tmp_path, m
     assert not stale.exists() and not reused.exists()
     ddp_kit.launch("pass", nproc=1, output="quiet")
     assert mine.exists() and other.exists()
+
+
+def test_a_gloo_interface_that_the_host_lacks_is_named_with_the_fix():
+    code = ("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            "dist.all_reduce(torch.ones(1))\n")  # fmt: skip
+    with pytest.raises(WorkerError) as caught:
+        ddp_kit.launch(code, nproc=2, output="quiet", env={"GLOO_SOCKET_IFNAME": "ddpk-none0"})
+    assert "GLOO_SOCKET_IFNAME=ddpk-none0 names no network interface of rank" in str(caught.value)

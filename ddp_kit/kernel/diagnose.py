@@ -27,6 +27,8 @@ CONNECT_SIGN = "connectFullMesh"
 
 # A rank's TCPStore client that found nobody at the rendezvous address (c10d's message).
 STORE_SIGN = re.compile(r"while trying to connect to \(([^,]+), (\d+)\)")
+# gloo, when GLOO_SOCKET_IFNAME names no interface of the rank's host (gloo/transport/tcp)
+INTERFACE_SIGN = re.compile(r"Unable to find address for: (\S+)")
 
 # An entry of torchrun's failure summary ("Failures:" / "Root Cause (first observed failure):"):
 #   time      : 2026-12-07_03:45:07
@@ -113,7 +115,7 @@ def explain_failures(
     if is_hang(root) and finished:
         absent = f"{span(finished).capitalize()} finished {work} and never joined that collective."
     advice = [absent, rendezvous_help(root) or (HANG_HELP if is_hang(root) else ""),
-              reinit_help(root)]  # fmt: skip
+              reinit_help(root), interface_help(root)]  # fmt: skip
     too = [f for f in others if not is_hang(f)]
     after = [f for f in others if is_hang(f)]
     if too:
@@ -230,6 +232,17 @@ def summary_time(when: str, root: bool) -> float:
 
 def ranks_text(failures: Sequence[RankFailure]) -> str:
     return ", ".join(str(f.rank) for f in failures)
+
+
+def interface_help(failure: RankFailure) -> str:
+    """Advice for a rank whose gloo could not use the interface GLOO_SOCKET_IFNAME names."""
+    found = INTERFACE_SIGN.search(failure.message)
+    if not found:
+        return ""
+    return (f"GLOO_SOCKET_IFNAME={found.group(1)} names no network interface of rank "
+            f"{failure.rank}'s host, so gloo could not start there. Leave it out of env= (the kit "
+            "chooses each host's interface), or name one that host has (`ip -br addr` lists "
+            "them).")  # fmt: skip
 
 
 def rendezvous_help(failure: RankFailure) -> str | None:
