@@ -74,14 +74,17 @@ def nothing_left(net, seconds: float = 15.0) -> dict[str, list[int]]:
         time.sleep(0.2)
 
 
-def kernel(net, code: str, slurm=None, **popen) -> subprocess.Popen:
+def kernel(net, code: str, slurm=None, linger: int = 0, **popen) -> subprocess.Popen:
     """A kernel on h0: Python running `code`, ssh told where the hosts' keys are; with `slurm`,
-    inside an allocation of both nodes (salloc), as a kernel on a cluster's login node."""
+    inside an allocation of both nodes (salloc), as a kernel on a cluster's login node, which
+    the allocation outlives by `linger` seconds."""
     env = {**os.environ, "DDP_KIT_SSH_OPTIONS": f"-F {net.ssh.config}", "DDP_KIT_PROGRESS": "0"}
     allocation = []
     if slurm is not None:
         env["SLURM_CONF"] = str(slurm.conf)
         allocation = ["salloc", "--nodes=2", "--quiet"]
+        if linger:
+            allocation += ["sh", "-c", f'"$@"; sleep {linger}', "kernel"]
     return net.popen("h0", *allocation, PYTHON, "-c", code, env=env, cwd=ROOT, text=True,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # fmt: skip
 
@@ -294,21 +297,29 @@ print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "h
     assert seen["seen"] == [[0, "veth-h1", 10.0], [1, "veth-h1", 10.0],
                             [2, "veth-h2", 10.0], [3, "veth-h2", 10.0]]  # fmt: skip
     (srun,) = seen["commands"]
-    assert srun[:5] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--nodelist=h1,h2",
-                        "--kill-on-bad-exit=1"]  # fmt: skip
+    assert srun[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                        "--nodelist=h1,h2", "--kill-on-bad-exit=1"]  # fmt: skip
     assert nothing_left(net) == {}
 
 
 def test_a_killed_kernel_in_an_allocation_leaves_no_process_on_any_node(net, slurm, tmp_path):
+    # the allocation outlives the kernel (a shell waits after it): SLURM would end the steps
+    # of an allocation it releases; here the kit's own stdin-end must end them
     proc = kernel(net, f"""
 import ddp_kit
 ddp_kit.launch({LONG!r}, nproc=2, launcher="slurm", output="quiet", args=[{str(tmp_path)!r}])
-""", slurm=slurm)
+""", slurm=slurm, linger=120)
     started_training(proc, tmp_path)
-    (python,) = psutil.Process(proc.pid).children()  # salloc's child: the kernel
+    (python,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if p.cmdline()[:2] == [PYTHON, "-c"]]  # fmt: skip
     python.kill()  # SIGKILL: no cleanup of its own; srun sees its stdin end
-    proc.communicate()
-    assert nothing_left(net, seconds=30) == {}
+    try:
+        assert nothing_left(net, seconds=30) == {}
+        assert proc.poll() is None  # the allocation still held all along
+    finally:
+        for waiting in psutil.Process(proc.pid).children(recursive=True):
+            waiting.kill()  # the shell's sleep: salloc then gives the allocation back
+        proc.communicate(timeout=60)
 
 
 def test_the_slurm_launcher_outside_an_allocation_is_refused_naming_the_fix(monkeypatch):
@@ -316,5 +327,9 @@ def test_the_slurm_launcher_outside_an_allocation_is_refused_naming_the_fix(monk
     from ddp_kit.shared.errors import LaunchConfigError
 
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
-    with pytest.raises(LaunchConfigError, match=r'launcher="slurm" runs inside a SLURM allocation'):
+    with pytest.raises(LaunchConfigError) as caught:
         ddp_kit.launch("print('never runs')", launcher="slurm")
+    assert str(caught.value) == (
+        'launcher="slurm" runs inside a SLURM allocation, and this kernel is not in one (no '
+        'SLURM_JOB_NODELIST): start Jupyter inside `salloc --nodes 2`, or use launcher="ssh".'
+    )

@@ -27,7 +27,8 @@ CONNECT_SIGN = "connectFullMesh"
 
 # A rank's TCPStore client that found nobody at the rendezvous address (c10d's message).
 STORE_SIGN = re.compile(r"while trying to connect to \(([^,]+), (\d+)\)")
-# gloo, when GLOO_SOCKET_IFNAME names no interface of the rank's host (gloo/transport/tcp)
+# gloo, when GLOO_SOCKET_IFNAME names no interface with an address on the rank's host
+# (gloo/transport/tcp/device.cc; the same words for a host name it cannot resolve, rarer)
 INTERFACE_SIGN = re.compile(r"Unable to find address for: (\S+)")
 
 # An entry of torchrun's failure summary ("Failures:" / "Root Cause (first observed failure):"):
@@ -239,10 +240,10 @@ def interface_help(failure: RankFailure) -> str:
     found = INTERFACE_SIGN.search(failure.message)
     if not found:
         return ""
-    return (f"GLOO_SOCKET_IFNAME={found.group(1)} names no network interface of rank "
-            f"{failure.rank}'s host, so gloo could not start there. Leave it out of env= (the kit "
-            "chooses each host's interface), or name one that host has (`ip -br addr` lists "
-            "them).")  # fmt: skip
+    return (f"GLOO_SOCKET_IFNAME={found.group(1)} names no network interface with an address "
+            f"on rank {failure.rank}'s host, so gloo could not start there. Leave it out of "
+            "env= (the kit chooses each host's interface), or name one that host has (`ip -br "
+            "addr` lists them).")  # fmt: skip
 
 
 def rendezvous_help(failure: RankFailure) -> str | None:

@@ -12,7 +12,8 @@ host      a machine that runs one node of the job: its torchrun agent and its `n
 launcher  how the agents start: "local" (every node on this machine, on 127.0.0.1), "ssh" (the
           system's OpenSSH client, one connection per host) or "slurm" (inside the kernel's
           allocation: one srun, one task per node; the hosts are the allocation's nodes,
-          SLURM_JOB_NODELIST, or some of them, and their addresses SLURM's NodeAddr).
+          SLURM_JOB_NODELIST, or some of them, and each node's address the one it uses
+          toward srun's host, SLURM_SRUN_COMM_HOST, an IP address).
 
 What the hosts need, checked before anything starts (`probe`, one ssh per host, in parallel,
 PROBE_SECONDS in all):
@@ -34,16 +35,18 @@ variables, env=, and the kernel's FORWARDED settings of NCCL, gloo, torch and Op
 GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to the interface whose network holds the first
 host's address (else the interface the kernel reached the host on), unless env= names them.
 Every host must reach every other at its address: gloo connects every pair of ranks.
-torchrun's --local-addr is the host's address as the kernel reached it (under SLURM, its
-NodeAddr): a host's name may resolve to a loopback address on the host itself, as many do, and
-the kit never relies on resolving names. torchrun's rendezvous numbers the nodes by that
-address (as text), not in the order of `hosts`: the result's `hosts` says where each rank ran.
+torchrun's --local-addr is the host's address as the kernel reached it (under SLURM, the one
+it uses toward srun's host): a host's name may resolve to a loopback address on the host
+itself, as many do, and the kit never relies on resolving names. torchrun's rendezvous numbers
+the nodes by that address (as text), not in the order of `hosts`: the result's `hosts` says
+where each rank ran.
 
 How it ends: ssh (or srun) runs `python -m ddp_kit.rank.remote`, which stops the host's agent
 and ranks when its stdin ends. The kernel holds that stdin and never writes to it, so stopping
 the launch (timeout, interrupt) or the kernel killed end the host's processes. A host gone
 silent: the kernel's ssh gives up after about 20 s; the host's processes run on until its sshd
-notices (ClientAliveInterval, if set), or the job ends.
+notices (ClientAliveInterval, if set), or the job ends. (Under SLURM: when slurmctld marks the
+node down, SLURM ends the step.)
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ import ipaddress
 import json
 import math
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -92,9 +94,9 @@ def validate_hosts(
     """The hosts as a list (a string is split at commas), or refuse them, naming the fix."""
     if launcher not in LAUNCHERS:
         raise LaunchConfigError(f"launcher={launcher!r}: choose one of {', '.join(LAUNCHERS)}.")
+    if not hosts and launcher == "slurm":
+        hosts = slurm_nodes()
     if not hosts:
-        if launcher == "slurm":
-            return slurm_nodes()
         if launcher != "local":
             raise LaunchConfigError(f'launcher="{launcher}" needs hosts: hosts=["host1", "host2"]'
                                     " (or %%torchrun --hosts host1,host2).")  # fmt: skip
@@ -142,7 +144,7 @@ def probe(names: list[str], python: str, pythonpath: str, needed: list[str],
     """Ask every host, in parallel, what `ddp_kit.rank.probe` tells (with the ranks' PYTHONPATH),
     and whether it sees the paths in `needed`; refuse hosts that cannot run the job, naming the
     host and what differs. PROBE_SECONDS bounds it all. ssh: one connection per host; slurm:
-    one srun, and each node's address from SLURM (NodeAddr)."""
+    one srun, each node saying its address toward srun's host."""
     command = ["env", f"PYTHONPATH={pythonpath}", python, "-m", "ddp_kit.rank.probe", *needed]
     if launcher == "slurm":
         asked = {"srun": _start(srun_argv(names, command))}
@@ -195,12 +197,12 @@ def _finished(name: str, proc: subprocess.Popen, deadline: float) -> str:
 
 
 def _srun_answers(names: list[str], proc: subprocess.Popen, deadline: float) -> dict[str, dict]:
-    """Each node's answer, from the lines srun printed (one per task), with its NodeAddr."""
+    """Each node's answer, from the lines srun printed (one per task)."""
     lines = _finished(f"srun on {','.join(names)}", proc, deadline).strip().splitlines()
     answers = {}
     for line in lines:
         answer = _parsed("A node", line)
-        answers[answer["node"]] = {**answer, "address": slurm_address(answer["node"])}
+        answers[answer["node"]] = answer
     missing = [name for name in names if name not in answers]
     if missing:
         raise LaunchConfigError(f"Node {missing[0]} gave srun no answer to the probe.")
@@ -293,8 +295,8 @@ def interface_for(name: str, interfaces: Mapping[str, list], own: str, first: st
     for choice in ([n for n in holds_own if n in reaching], reaching, holds_own):
         if choice:
             return choice[0]
-    raise LaunchConfigError(f"Host {name} has no IPv4 interface holding {own}, where ssh "
-                            "reached it.")  # fmt: skip
+    raise LaunchConfigError(f"Host {name} has no IPv4 interface holding {own}, where the "
+                            "kernel reached it.")  # fmt: skip
 
 
 def remote_commands(hosts: list[Host], agent: list[str], runner: list[str], log_dir: Path,
@@ -341,9 +343,12 @@ def node_lines(hosts: list[Host], agent: list[str], runner: list[str], log_dir: 
 
 def srun_argv(names: list[str], command: list[str]) -> list[str]:
     """srun running `command` once on each node of `names` (in the kernel's allocation), in the
-    kernel's working directory; one failed task ends them all. srun gives every task its stdin."""
-    return ["srun", f"--nodes={len(names)}", "--ntasks-per-node=1", f"--nodelist={','.join(names)}",
-            "--kill-on-bad-exit=1", "--input=all", *command]  # fmt: skip
+    kernel's working directory, with the kernel's environment (srun's default, --export=ALL);
+    one failed task ends them all at once (--kill-on-bad-exit). srun gives every task its
+    stdin."""
+    return ["srun", f"--nodes={len(names)}", f"--ntasks={len(names)}", "--ntasks-per-node=1",
+            f"--nodelist={','.join(names)}", "--kill-on-bad-exit=1", "--input=all",
+            *command]  # fmt: skip
 
 
 def slurm_nodes() -> list[str]:
@@ -351,17 +356,9 @@ def slurm_nodes() -> list[str]:
     or a refusal outside one."""
     if "SLURM_JOB_NODELIST" not in os.environ:
         raise LaunchConfigError('launcher="slurm" runs inside a SLURM allocation, and this kernel '
-                                "is not in one (no SLURM_JOB_NODELIST): start it in one (salloc "
-                                '--nodes 2 ...), or use launcher="ssh".')  # fmt: skip
+                                "is not in one (no SLURM_JOB_NODELIST): start Jupyter inside "
+                                '`salloc --nodes 2`, or use launcher="ssh".')  # fmt: skip
     return _scontrol("show", "hostnames", os.environ["SLURM_JOB_NODELIST"]).split()
-
-
-def slurm_address(name: str) -> str:
-    """A node's address as SLURM records it (NodeAddr): where its slurmd is reached."""
-    found = re.search(r"\bNodeAddr=(\S+)", _scontrol("show", "node", name))
-    if not found:
-        raise LaunchConfigError(f"scontrol show node {name} gives no NodeAddr.")
-    return found.group(1)
 
 
 def _scontrol(*words: str) -> str:

@@ -105,9 +105,9 @@ def torchrun_parser() -> MagicParser:
         },
         ("--hosts",): {
             "default": default_of(launch, "hosts"),
-            "help": "one node on each of these hosts, as ssh reaches them, comma-separated: "
-            "--hosts gpu1,gpu2 --launcher ssh (default: this machine; with --launcher slurm, "
-            "every node of the kernel's allocation)",
+            "help": "one node on each of these hosts, as ssh reaches them (slurm: node names "
+            "of the allocation), comma-separated: --hosts gpu1,gpu2 --launcher ssh (default: "
+            "this machine; with --launcher slurm, every node of the kernel's allocation)",
         },
         ("--launcher",): {
             "choices": LAUNCHERS,

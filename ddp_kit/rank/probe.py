@@ -4,8 +4,9 @@ hosts (kernel.hosts), in one line of JSON on stdout:
     python, torch, kit   the Python and torch versions and the kit's folder (its real path)
                          this host would run (they must equal the kernel's)
     executable           the Python that answered
-    address              the host's address as the kernel reached it (SSH_CONNECTION's server
-                         side), or null outside ssh
+    address              the host's address as the kernel reached it: over ssh, SSH_CONNECTION's
+                         server side; under srun, the address this node uses toward srun's host
+                         (SLURM_SRUN_COMM_HOST, an IP address); else null
     interfaces           {name: [[IPv4 address, netmask], ...]}: where the kernel chooses
                          GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, by the first host's address
     missing              the PATHs (a file the kernel made in its temporary folder, its working
@@ -24,14 +25,24 @@ import socket
 import sys
 
 
+def own_address() -> str | None:
+    """This host's address as the kernel reached it (see the module's docstring). Under srun,
+    SSH_CONNECTION may be the kernel's own, sent along with its environment: srun comes first."""
+    if os.environ.get("SLURMD_NODENAME") and os.environ.get("SLURM_SRUN_COMM_HOST"):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # sends nothing
+            sock.connect((os.environ["SLURM_SRUN_COMM_HOST"], 9))
+            return sock.getsockname()[0]
+    connection = os.environ.get("SSH_CONNECTION", "").split()
+    return connection[2] if len(connection) == 4 else None
+
+
 def facts(paths: list[str]) -> dict:
     import psutil
     import torch
 
     import ddp_kit
 
-    connection = os.environ.get("SSH_CONNECTION", "").split()
-    address = connection[2] if len(connection) == 4 else None
+    address = own_address()
     interfaces = {name: [[a.address, a.netmask] for a in found if a.family == socket.AF_INET]
                   for name, found in psutil.net_if_addrs().items()}  # fmt: skip
     with socket.socket() as sock:

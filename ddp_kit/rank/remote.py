@@ -7,9 +7,9 @@ for it:
 - when its stdin ends, it stops COMMAND with its ranks and exits. The kernel holds the other end
   of that stdin, through ssh (or srun, which gives every task its stdin), and never writes to
   it: the kernel stopping the launch, or the kernel killed, close it, and nothing is left
-  running on the host. A connection lost without a word closes it only once sshd notices
-  (ClientAliveInterval). (Without a terminal, sshd sends a remote command no SIGHUP when the
-  connection goes.)
+  running on the host. Over ssh, a connection lost without a word closes it only once sshd
+  notices (ClientAliveInterval); under srun, when SLURM ends the step. (Without a terminal,
+  sshd sends a remote command no SIGHUP when the connection goes.)
 """
 
 from __future__ import annotations
