@@ -298,4 +298,6 @@ def test_a_gloo_interface_that_the_host_lacks_is_named_with_the_fix():
             "dist.all_reduce(torch.ones(1))\n")  # fmt: skip
     with pytest.raises(WorkerError) as caught:
         ddp_kit.launch(code, nproc=2, output="quiet", env={"GLOO_SOCKET_IFNAME": "ddpk-none0"})
-    assert "GLOO_SOCKET_IFNAME=ddpk-none0 names no network interface of rank" in str(caught.value)
+    said = str(caught.value)
+    assert "GLOO_SOCKET_IFNAME=ddpk-none0 names no network interface with an address" in said
+    assert "Leave it out of env= (the kit chooses each host's interface)" in said
