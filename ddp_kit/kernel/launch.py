@@ -208,7 +208,10 @@ class Job:
             progress.end(f"{self.world_size} ranks ran for {duration:.1f} s")
             stdout = [output.text(r, "stdout") for r in range(self.world_size)]
             stderr = [output.text(r, "stderr") for r in range(self.world_size)]
-            completed = ranks_marked(run_dir / contract.MARKERS, COMPLETED)
+            completed = ranks_marked(markers, COMPLETED)
+            # host index -> torchrun's node rank: read once, and only for a launch over hosts
+            # (on one machine the node index is the node rank)
+            placed = node_groups(markers, self.nproc) if self.hosts else {}
             reports = failures.read_reports(run_dir / contract.ERRORS)
             if outcome.returncode and not (outcome.timed_out or outcome.interrupted):
                 printed = {r: stdout[r] + stderr[r] for r in range(self.world_size)}
@@ -232,10 +235,9 @@ class Job:
                 commands=commands,
                 run_dir=run_dir if self.keep_run_dir else None,
                 completed=completed,
-                attempts=read_attempts(run_dir, self.nnodes, self.nproc, reports,
-                                       node_groups(markers, self.nproc)),
+                attempts=read_attempts(run_dir, self.nnodes, self.nproc, reports, placed),
                 max_restarts=self.max_restarts,
-                hosts=self._rank_hosts(node_groups(markers, self.nproc)),
+                hosts=self._rank_hosts(placed),
             )
             result.notes += node_notes
         finally:
