@@ -183,7 +183,7 @@ def check_linear_lr(base_lr: float, ranks: int, answer: float | None) -> bool | 
 
 def check_hook_budget(records: Any, default_bytes: float, default_loss: float) -> bool | None:
     """Hooks: the student's "mine" run sends <= 1/4 of the default bytes per step in at least
-    half of its steps (PowerSGD starts compressing at `start`) and ends within 10 % of the
+    half of its steps (PowerSGD starts compressing at `start`) and ends no more than 10 % above the
     default's final loss."""
     if records is None:
         print("Not run yet: set `rank` in the cell above, run it, then run this cell again.")
