@@ -105,3 +105,31 @@ def before_flush(callback: Callable[[], None]) -> None:
     """Run `callback` (which may record more) every time the records are written, at exit too."""
     _record_writer()
     _before_flush.append(callback)
+
+
+def lose_this_node() -> None:
+    """End this node at once, as a host that loses its power or its network would: SIGKILL to
+    its torchrun agent and to every rank of it, this one last, so none of them says anything.
+    The other nodes' ranks learn it from their next collective (notebook 28). Flush first what
+    should be kept: this rank's records are not saved.
+
+    Only in a launch of several nodes (DDP_KIT_NODE set): the node's processes are those whose
+    environment holds this run's marker folder and this node's index (on another host, the
+    host's own processes; in a fast start, the relays, whose end ends the forked processes)."""
+    import signal
+
+    import psutil
+
+    node, markers = os.environ.get(contract.NODE), os.environ.get(contract.MARKER_DIR)
+    if node is None or markers is None:
+        raise RuntimeError("lose_this_node() ends one node of several: launch with nnodes=2 "
+                           "(or hosts=) under the kit.")  # fmt: skip
+    mine = {contract.NODE: node, contract.MARKER_DIR: markers}
+    for process in psutil.process_iter():
+        try:
+            environ = process.environ()
+            if process.pid != os.getpid() and all(environ.get(k) == v for k, v in mine.items()):
+                process.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue  # ended meanwhile, or another user's
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -20,12 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
 import psutil
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "hosts"))
 from netns import (  # noqa: E402
+    Shape,
     namespace_hosts,
     namespace_support,
     our_namespaces,
@@ -39,6 +41,7 @@ pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+LESSON = ROOT / "notebooks" / "28_two_machines.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -277,6 +280,57 @@ ddp_kit.launch({LONG!r}, nproc=2, hosts=["h1", "h2"], launcher="ssh", output="qu
     assert nothing_left(net, seconds=30) == {}
 
 
+# Appended to notebook 28's cells: what it measured and saw, for the test to read
+LESSON_FACTS = """
+import json
+print(json.dumps({"machines": str(machines), "hosts": step.hosts, "env": env,
+                  "commands": [rendezvous_flags(c) for c in step.commands],
+                  "busbw": {name: costmodel.busbw(sizes[-1], t[-1], 2)
+                            for name, t in seconds.items()},
+                  "failed": failed, "notes": lost.notes, "lost_hosts": lost.hosts}))
+"""
+
+
+def run_lesson(net, tmp_path: Path, env: dict[str, str], allocation: list[str]) -> dict:
+    """Notebook 28 executed by a kernel on h0 (inside `allocation`, if any), h2's link shaped
+    to 100 Mbit/s meanwhile; what LESSON_FACTS printed."""
+    copy = tmp_path / LESSON.name
+    lesson = nbformat.read(LESSON, as_version=4)
+    lesson.cells.append(nbformat.v4.new_code_cell(LESSON_FACTS))
+    nbformat.write(lesson, copy)
+    env = {**os.environ, "DDP_KIT_SSH_OPTIONS": f"-F {net.ssh.config}", "DDP_KIT_PROGRESS": "0",
+           **env}  # fmt: skip
+    net.shape("h2", Shape("100mbit"))
+    try:
+        proc = net.popen("h0", *allocation, PYTHON, ROOT / "tests" / "workers" /
+                         "execute_notebooks.py", copy, env=env, cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        out, err = proc.communicate(timeout=300)
+    finally:
+        net.unshape("h2")
+    assert proc.returncode == 0, err[-5000:]
+    return json.loads(nbformat.read(copy, as_version=4).cells[-1].outputs[0]["text"])
+
+
+def test_the_two_machines_lesson_runs_on_two_hosts_across_a_shaped_link(net, tmp_path):
+    """Notebook 28 with DDP_KIT_HOSTS=h1,h2, h2's link shaped to 100 Mbit/s: its cells' own
+    assertions hold on real hosts, across the link busbw is the link's rate (less TCP's
+    overhead), and within h1 it is many times that."""
+    said = run_lesson(net, tmp_path, {"DDP_KIT_HOSTS": "h1,h2"}, [])
+    assert said["machines"] == "2 hosts, h1, h2, started over ssh (DDP_KIT_HOSTS)."
+    assert said["hosts"] == ["h1", "h1", "h2", "h2"]
+    assert [e["GLOO_SOCKET_IFNAME"] for e in said["env"]] == ["veth-h1"] * 2 + ["veth-h2"] * 2
+    assert "--rdzv-backend=c10d" in said["commands"][0]
+    rate = 100e6 / 8  # bytes/s
+    across, within = said["busbw"]["across the nodes"], said["busbw"]["within a node"]
+    assert 0.5 * rate < across < 1.05 * rate  # 5 %: tbf's burst of 64 kB at line rate
+    assert within > 5 * across
+    assert said["failed"] == [0, 1] and said["lost_hosts"] == ["h1", "h1", "h2", "h2"]
+    assert said["notes"] == ["Host h2's agent was killed by SIGKILL, not by the kit: its ranks "
+                             "ended with it and left no report, as when a machine goes down."]
+    assert nothing_left(net) == {}
+
+
 @pytest.fixture(scope="module")
 def slurm(net):
     """A real SLURM: slurmctld on h0, slurmd on h1 and h2 (munge keys made per run)."""
@@ -299,6 +353,18 @@ print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "h
     (srun,) = seen["commands"]
     assert srun[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
                         "--nodelist=h1,h2", "--kill-on-bad-exit=1"]  # fmt: skip
+    assert nothing_left(net) == {}
+
+
+def test_the_two_machines_lesson_runs_on_the_nodes_of_a_slurm_allocation(net, slurm, tmp_path):
+    said = run_lesson(net, tmp_path, {"DDP_KIT_LAUNCHER": "slurm", "SLURM_CONF": str(slurm.conf)},
+                      ["salloc", "--nodes=2", "--quiet"])
+    assert said["machines"] == "2 nodes of this SLURM allocation, h1, h2, started with srun."
+    assert said["hosts"] == ["h1", "h1", "h2", "h2"]
+    assert [e["GLOO_SOCKET_IFNAME"] for e in said["env"]] == ["veth-h1"] * 2 + ["veth-h2"] * 2
+    across, within = said["busbw"]["across the nodes"], said["busbw"]["within a node"]
+    assert 0.5 * 100e6 / 8 < across < 1.05 * 100e6 / 8 and within > 5 * across
+    assert set(said["failed"]) <= {0, 1}  # srun ends node 0's tasks: some may not say a thing
     assert nothing_left(net) == {}
 
 

@@ -72,7 +72,7 @@ LAUNCHERS = ("local", "ssh", "slurm")
 CONNECT_SECONDS = 10  # ssh's ConnectTimeout: how long it tries to reach a host
 # The kernel's ssh gives up on a host silent for (ALIVE_COUNT + 1) x ALIVE_SECONDS, about 20 s
 ALIVE_SECONDS, ALIVE_COUNT = 5, 3
-PROBE_SECONDS = 60  # the whole probe of every host: ssh, and Python importing torch
+PROBE_SECONDS = 60  # the whole probe of every host: ssh, then Python (torch imported on GPU hosts)
 SSH_OPTIONS = "DDP_KIT_SSH_OPTIONS"
 SSH_FAILED = 255  # ssh's exit code for its own errors (the remote command's code otherwise)
 
@@ -126,6 +126,59 @@ def validate_hosts(
                                 "not tested with the kit yet; leave max_restarts out, or run "
                                 "on one machine.")  # fmt: skip
     return names
+
+
+@dataclass(frozen=True)
+class Machines:
+    """Where a lesson over several machines runs (notebook 28): `hosts` reached by `launcher`,
+    or, with no hosts, `nnodes` torchrun agents on this machine, on 127.0.0.1."""
+
+    hosts: tuple[str, ...]
+    launcher: str
+    nnodes: int
+
+    @property
+    def flags(self) -> str:
+        """The %%torchrun flags that run a cell there."""
+        if not self.hosts:
+            return f"--nnodes {self.nnodes}"
+        return f"--hosts {','.join(self.hosts)} --launcher {self.launcher}"
+
+    @property
+    def launch_args(self) -> dict:
+        """The launch() arguments that run a job there."""
+        if not self.hosts:
+            return {"nnodes": self.nnodes}
+        return {"hosts": list(self.hosts), "launcher": self.launcher}
+
+    def __str__(self) -> str:
+        if self.launcher == "slurm":
+            return (f"{self.nnodes} nodes of this SLURM allocation, {', '.join(self.hosts)}, "
+                    "started with srun.")  # fmt: skip
+        if self.hosts:
+            return (f"{self.nnodes} hosts, {', '.join(self.hosts)}, started over ssh "
+                    f"({contract.LESSON_HOSTS}).")  # fmt: skip
+        return (f"no hosts given ({contract.LESSON_HOSTS} is not set): {self.nnodes} torchrun "
+                "agents on this machine, each a node, all on 127.0.0.1. The cells are the same; "
+                "only the link between the nodes is not a network.")  # fmt: skip
+
+
+def lesson_machines(nnodes: int = 2) -> Machines:
+    """The machines a lesson runs on: the first `nnodes` hosts of DDP_KIT_HOSTS ("box1,box2"),
+    started over DDP_KIT_LAUNCHER ("ssh", the default, or "slurm": with DDP_KIT_HOSTS unset, the
+    allocation's nodes); neither set: `nnodes` nodes on this machine."""
+    launcher = os.environ.get(contract.LESSON_LAUNCHER, "ssh").strip() or "ssh"
+    given = os.environ.get(contract.LESSON_HOSTS, "").strip()
+    if launcher not in ("ssh", "slurm"):
+        raise LaunchConfigError(f"{contract.LESSON_LAUNCHER}={launcher!r}: choose ssh or slurm.")
+    if not given and launcher == "ssh":
+        return Machines((), "local", nnodes)
+    hosts = validate_hosts(given or None, launcher, 1)
+    if len(hosts) < nnodes:
+        raise LaunchConfigError(f"{contract.LESSON_HOSTS}={given!r} names {len(hosts)} host(s); "
+                                f"this lesson needs {nnodes}: {contract.LESSON_HOSTS}="
+                                f"{','.join(f'host{i + 1}' for i in range(nnodes))}.")  # fmt: skip
+    return Machines(tuple(hosts[:nnodes]), launcher, nnodes)
 
 
 def ssh_argv(host: str, line: str) -> list[str]:
@@ -189,7 +242,7 @@ def _finished(name: str, proc: subprocess.Popen, deadline: float) -> str:
         out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         raise LaunchConfigError(f"{name} did not answer within {PROBE_SECONDS} s (the start, "
-                                "then Python importing torch there).") from None  # fmt: skip
+                                "then Python asking torch there).") from None  # fmt: skip
     if proc.returncode != 0:
         said = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         raise LaunchConfigError(f"{name} cannot start the job: {said}")

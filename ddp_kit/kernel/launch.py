@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -261,6 +262,12 @@ class Job:
                  for node, proc in enumerate(agents.procs)
                  if self.launcher == "ssh" and proc.returncode == SSH_FAILED
                  and node not in agents.stopped]  # fmt: skip
+        for node, proc in enumerate(agents.procs):
+            killer = None if node in agents.stopped else self._killed_by(proc.returncode)
+            if killer:
+                where = f"Host {self.hosts[node].name}" if self.hosts else f"Node {node}"
+                notes.append(f"{where}'s agent was killed by {killer}, not by the kit: its ranks "
+                             "ended with it and left no report, as when a machine goes down.")
         if outcome.stopped_after is not None:
             node = outcome.stopped_after
             where = f"Host {self.hosts[node].name}" if self.hosts else f"Node {node}"
@@ -269,6 +276,21 @@ class Job:
                          f"stopped the other agents {NODE_FAILED_GRACE:g} s later (torchrun "
                          "would keep them waiting for it).")  # fmt: skip
         return notes
+
+    def _killed_by(self, code: int | None) -> str | None:
+        """The signal that killed a node's agent, from the exit code of the process the kernel
+        started for it: the agent (or its relay) on this machine, -N; over ssh, rank.remote's
+        128 + N (ssh's own error, 255, is a lost connection: the note above)."""
+        if code is not None and not self.hosts and code < 0:
+            number = -code
+        elif code is not None and self.launcher == "ssh" and 128 < code < SSH_FAILED:
+            number = code - 128
+        else:
+            return None
+        try:
+            return signal.Signals(number).name
+        except ValueError:
+            return None
 
     def _rank_hosts(self, groups: dict[int, int]) -> list[str]:
         """The host of each rank (empty for a launch on this machine, or where unknown)."""

@@ -398,6 +398,8 @@ class Agents:
             commands, env = fast_start.relayed(commands, env)
         for node, command in enumerate(commands):
             offset = {} if remote else {contract.DEVICE_OFFSET: str(node * nproc)}
+            if len(commands) > 1 and not remote:  # a host's command sets it on the host
+                offset[contract.NODE] = str(node)
             proc = subprocess.Popen(
                 command,
                 env={**env, **offset},

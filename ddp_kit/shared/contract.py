@@ -11,7 +11,9 @@ DDP_KIT_COLLECTIVE_TIMEOUT  seconds a collective waits for the other ranks befor
                             (the runner makes it init_process_group's default timeout)
 DDP_KIT_DEVICE_OFFSET       the index of this node's first GPU (agents on one machine share it)
 DDP_KIT_NODE                the index of this rank's host in a launch over several hosts
-                            (kernel.hosts): the runner writes it in its started marker
+                            (kernel.hosts), or of its node among nnodes > 1 on this machine:
+                            the runner writes it in its started marker; lose_this_node() finds
+                            the node's processes by it
 DDP_KIT_RECORD_DIR          where record() saves this run's records     (run directory/records)
 DDP_KIT_ERROR_DIR           where a rank that raised writes its report  (run directory/errors)
 DDP_KIT_MARKER_DIR          where the runner leaves a rank's markers    (run directory/markers)
@@ -26,6 +28,9 @@ DDP_KIT_NOTES_FILE=PATH     notes go to this file instead of under the cell (ker
 DDP_KIT_NO_PDEATHSIG=1      no Linux parent-death signal: the portable watchdog alone (ranks)
 DDP_KIT_SHARED_GPU=1        with fewer GPUs than ranks (at least one), "auto" runs gloo on the GPUs,
                             shared: rank i on cuda:(i mod GPUs) (kernel.backend; ./kit gpu-check)
+DDP_KIT_HOSTS=a,b           the hosts a lesson over several machines runs on (notebook 28;
+                            kernel.hosts.lesson_machines); unset: nodes on this machine
+DDP_KIT_LAUNCHER=ssh|slurm  how that lesson reaches them (default ssh) (kernel)
 DDP_KIT_FAST_START=0        no fork server: every agent and rank starts as a fresh Python and
                             imports torch itself, as before the fast start (kernel)
 
@@ -97,6 +102,8 @@ NOTES_FILE = "DDP_KIT_NOTES_FILE"
 NO_PDEATHSIG = "DDP_KIT_NO_PDEATHSIG"
 FAST_START = "DDP_KIT_FAST_START"
 SHARED_GPU = "DDP_KIT_SHARED_GPU"
+LESSON_HOSTS = "DDP_KIT_HOSTS"
+LESSON_LAUNCHER = "DDP_KIT_LAUNCHER"
 
 STALLED_WAIT = "StalledWait"
 

@@ -176,6 +176,13 @@ class Network:
         sh(["tc", "-n", self.bridge_netns, "qdisc", "replace", "dev", f"br-{h.name}", "root",
             *shape.tc_args()])
 
+    def unshape(self, host: str) -> None:
+        """Take the tbf qdiscs off both ends of host's link."""
+        h = self[host]
+        sh(["tc", "-n", h.netns, "qdisc", "del", "dev", h.ifname, "root"], check=False)
+        sh(["tc", "-n", self.bridge_netns, "qdisc", "del", "dev", f"br-{h.name}", "root"],
+           check=False)
+
     def stop_processes(self, grace: float = 3.0) -> None:
         """SIGTERM what popen() started, SIGKILL what is left after grace seconds."""
         stop_by_pid([p.pid for p in self.processes if p.poll() is None], grace)

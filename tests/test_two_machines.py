@@ -1,0 +1,59 @@
+"""Notebook 28's choice of machines (kernel.hosts.lesson_machines), from DDP_KIT_HOSTS and
+DDP_KIT_LAUNCHER, and lose_this_node() refused outside a launch of several nodes. (The lesson
+itself runs under nbval on two nodes of this machine, and on network hosts over ssh and SLURM
+in tests/test_hosts.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_kit import worker
+from ddp_kit.kernel.hosts import Machines, lesson_machines
+from ddp_kit.shared.errors import LaunchConfigError
+
+
+@pytest.fixture(autouse=True)
+def no_lesson_hosts(monkeypatch):
+    for name in ("DDP_KIT_HOSTS", "DDP_KIT_LAUNCHER", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_with_no_hosts_the_lesson_runs_two_nodes_here_and_says_so():
+    machines = lesson_machines(2)
+    assert machines == Machines((), "local", 2)
+    assert machines.flags == "--nnodes 2" and machines.launch_args == {"nnodes": 2}
+    assert str(machines).startswith("no hosts given (DDP_KIT_HOSTS is not set): 2 torchrun agents")
+
+
+def test_hosts_given_are_reached_over_ssh_the_first_two_of_them(monkeypatch):
+    monkeypatch.setenv("DDP_KIT_HOSTS", " box1, box2 ,box3")
+    machines = lesson_machines(2)
+    assert machines.flags == "--hosts box1,box2 --launcher ssh"
+    assert machines.launch_args == {"hosts": ["box1", "box2"], "launcher": "ssh"}
+    assert str(machines) == "2 hosts, box1, box2, started over ssh (DDP_KIT_HOSTS)."
+
+
+@pytest.mark.parametrize(
+    ("hosts", "launcher", "said"),
+    [
+        ("box1", None, "DDP_KIT_HOSTS='box1' names 1 host(s); this lesson needs 2: "
+                       "DDP_KIT_HOSTS=host1,host2."),
+        ("box1,box1", None, "names a host twice"),
+        ("box1,box2", "mpi", "DDP_KIT_LAUNCHER='mpi': choose ssh or slurm."),
+        (None, "slurm", "this kernel is not in one (no SLURM_JOB_NODELIST)"),
+    ],
+)  # fmt: skip
+def test_bad_lesson_hosts_are_refused_naming_the_fix(monkeypatch, hosts, launcher, said):
+    if hosts is not None:
+        monkeypatch.setenv("DDP_KIT_HOSTS", hosts)
+    if launcher is not None:
+        monkeypatch.setenv("DDP_KIT_LAUNCHER", launcher)
+    with pytest.raises(LaunchConfigError, match=None) as refused:
+        lesson_machines(2)
+    assert said in str(refused.value)
+
+
+def test_lose_this_node_outside_a_launch_of_several_nodes_is_refused(monkeypatch):
+    monkeypatch.delenv("DDP_KIT_NODE", raising=False)
+    with pytest.raises(RuntimeError, match="launch with nnodes=2"):
+        worker.lose_this_node()
