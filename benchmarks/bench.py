@@ -11,6 +11,7 @@ Prints ratios and writes results.json and allreduce.png to --out (default artifa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -27,6 +28,9 @@ from ddp_kit import costmodel
 from ddp_kit.kernel.diagnose import failure_signs as signs
 from ddp_kit.kernel.torchrun import bare_torchrun as bare_torchrun_command
 from ddp_kit.kernel.torchrun import loopback_interface
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hosts"))
+from netns import Shape, namespace_hosts, namespace_support, sshd_hosts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -167,6 +171,46 @@ def fast_start(ranks: list[int], repeats: int, jobs: int, session_alone: bool = 
         result["plain_to_bare"] = result["plain_job_s"] / result["bare_job_s"]
         out[nproc] = result
     return out
+
+
+def across_hosts(net, rate: str, repeats: int, sizes: list[int]) -> dict:
+    """A launch over two network hosts against one (workers/hosts_kernel.py, run as a kernel
+    on host h0 of `net`, tests/hosts/netns.py): the trivial DDP job on h1 and h2 x 2 ranks
+    against the same 4 ranks on h1 alone, as a ratio; and busbw of a 2-rank all-reduce across
+    h2's link, shaped to `rate` (tc tbf, e.g. "100mbit") meanwhile, against that rate and
+    against 2 ranks within h1. The largest size gives the busbw."""
+    net.shape("h2", Shape(rate))
+    try:
+        command = [sys.executable, str(WORKERS / "hosts_kernel.py"), "h1", "h2", str(repeats),
+                   *map(str, sizes)]  # fmt: skip
+        env = dict(os.environ, DDP_KIT_SSH_OPTIONS=f"-F {net.ssh.config}", DDP_KIT_PROGRESS="0")
+        proc = net.popen("h0", *command, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)  # fmt: skip
+        out, err = proc.communicate(timeout=600)
+    finally:
+        net.unshape("h2")
+    if proc.returncode != 0:
+        raise RuntimeError(f"the hosts' kernel failed:\n{err[-3000:]}")
+    line = bench_line(out)
+    rate_bytes = float(rate.removesuffix("mbit")) * 1e6 / 8
+    across = float(costmodel.busbw(sizes[-1], line["across_s"][-1], 2))
+    within = float(costmodel.busbw(sizes[-1], line["within_s"][-1], 2))
+    two, one = statistics.median(line["two_hosts_s"]), statistics.median(line["one_host_s"])
+    return {"two_hosts_s": two, "one_host_s": one, "ratio": two / one, "bytes": sizes[-1],
+            "link_rate": rate_bytes, "across_busbw": across, "within_busbw": within,
+            "across_to_rate": across / rate_bytes}  # fmt: skip
+
+
+@contextlib.contextmanager
+def network_hosts():
+    """Hosts h0-h2 as Linux network namespaces, each with its own sshd (tests/hosts/netns.py;
+    root, and Debian's openssh-server)."""
+    ok, why = namespace_support()
+    if not ok:
+        raise SystemExit(f"bench --hosts: {why}")
+    with namespace_hosts(3) as net, sshd_hosts(net) as ssh:
+        net.ssh = ssh
+        yield net
 
 
 def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
@@ -408,6 +452,15 @@ def report(res: dict) -> str:
                      f"printing cell {r['printing_cell_ms']:.1f} ms, "
                      f"DDP step cell {r['ddp_step_cell_ms']:.1f} ms, fresh launch "
                      f"{r['fresh_launch_s']:.2f} s: x{r['speedup']:.0f}")  # fmt: skip
+    if "hosts" in res:
+        r = res["hosts"]
+        lines.append("== two hosts (network namespaces, over ssh) against one ==")
+        lines.append(f"trivial DDP job, 2 hosts x 2 ranks {r['two_hosts_s']:.2f} s, 1 host x 4 "
+                     f"ranks {r['one_host_s']:.2f} s: ratio {r['ratio']:.2f}")  # fmt: skip
+        lines.append(f"all-reduce of {r['bytes'] >> 20} MiB, 2 ranks: busbw across the link "
+                     f"{r['across_busbw'] / 1e6:.1f} MB/s = {r['across_to_rate']:.2f} x its "
+                     f"rate ({r['link_rate'] / 1e6:.1f} MB/s); within one host "
+                     f"{r['within_busbw'] / 1e6:.0f} MB/s")  # fmt: skip
     lines.append("== TinyNet steps per second at a fixed global batch ==")
     base = res["scaling"][min(res["scaling"])]
     for nproc, sps in res["scaling"].items():
@@ -429,6 +482,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "bench")
     parser.add_argument("--launch-only", action="store_true", help="only the launch overhead")
     parser.add_argument("--repeats", type=int, default=3, help="launches per measurement")
+    parser.add_argument("--hosts", action="store_true",
+                        help="also a launch over two network-namespace hosts against one host, "
+                        "and busbw across a link shaped to --link-rate (root; sshd)")  # fmt: skip
+    parser.add_argument("--link-rate", default="100mbit", help="the shaped link's rate (tc tbf)")
     args = parser.parse_args(argv)
     if args.launch_only:
         res = launch_overhead([2, 4], args.repeats)
@@ -455,6 +512,9 @@ def main(argv: list[str] | None = None) -> dict:
         "speedup": speedup([1, 2] if args.smoke else [1, 2, 4]),
         "notebooks_s": None if args.smoke else notebook_suite(),
     }
+    if args.hosts:
+        with network_hosts() as net:
+            res["hosts"] = across_hosts(net, args.link_rate, args.repeats, [1 << 10, 1 << 24])
     res["alpha_beta"] = alpha_beta(res["allreduce"])
     res["bare_failures"] = list(BARE_FAILURES)
     args.out.mkdir(parents=True, exist_ok=True)

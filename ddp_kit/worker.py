@@ -108,8 +108,9 @@ def before_flush(callback: Callable[[], None]) -> None:
 
 
 def lose_this_node() -> None:
-    """End this node at once, as a host that loses its power or its network would: SIGKILL to
-    its torchrun agent and to every rank of it, this one last, so none of them says anything.
+    """End this node at once, as abruptly as a host that loses its power: SIGKILL to its
+    torchrun agent and to every rank of it, this one last, so none of them says anything. (Its
+    machine stays up, and closes their connections: the others learn it at once.)
     The other nodes' ranks learn it from their next collective (notebook 28). Flush first what
     should be kept: this rank's records are not saved.
 

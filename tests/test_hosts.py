@@ -12,6 +12,7 @@ that skip into a failure. Every test ends with no process of its own on any host
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -193,6 +194,20 @@ def test_a_host_that_never_answers_is_given_up_after_sshs_connect_timeout(net):
     assert nothing_left(net) == {}
 
 
+def test_one_machine_under_two_names_is_refused_before_anything_starts(net):
+    said = answer(net, """
+import json, ddp_kit
+from ddp_kit.shared.errors import LaunchConfigError
+try:
+    ddp_kit.launch("print('never runs')", hosts=["h1", "10.213.0.11"], launcher="ssh")
+except LaunchConfigError as error:
+    print(json.dumps({"message": str(error)}))
+""")["message"]
+    assert said == ("Hosts h1 and 10.213.0.11 are one machine: both answered from 10.213.0.11. "
+                    "One agent per host: name it once; more ranks on it: nproc.")
+    assert nothing_left(net) == {}  # nothing started
+
+
 def test_a_host_with_another_torch_is_refused_before_anything_starts(net, tmp_path):
     fake = tmp_path / "fake"
     (fake / "torch").mkdir(parents=True)
@@ -284,7 +299,7 @@ ddp_kit.launch({LONG!r}, nproc=2, hosts=["h1", "h2"], launcher="ssh", output="qu
 LESSON_FACTS = """
 import json
 print(json.dumps({"machines": str(machines), "hosts": step.hosts, "env": env,
-                  "commands": [rendezvous_flags(c) for c in step.commands],
+                  "commands": [rendezvous_flags(line) for line in lines],
                   "busbw": {name: costmodel.busbw(sizes[-1], t[-1], 2)
                             for name, t in seconds.items()},
                   "failed": failed, "notes": lost.notes, "lost_hosts": lost.hosts}))
@@ -320,7 +335,9 @@ def test_the_two_machines_lesson_runs_on_two_hosts_across_a_shaped_link(net, tmp
     assert said["machines"] == "2 hosts, h1, h2, started over ssh (DDP_KIT_HOSTS)."
     assert said["hosts"] == ["h1", "h1", "h2", "h2"]
     assert [e["GLOO_SOCKET_IFNAME"] for e in said["env"]] == ["veth-h1"] * 2 + ["veth-h2"] * 2
-    assert "--rdzv-backend=c10d" in said["commands"][0]
+    assert [line[1] for line in said["commands"]] == ["--rdzv-backend=c10d"] * 2
+    assert [line[3] for line in said["commands"]] == ["--rdzv-conf=is_host=1,join_timeout=300",
+                                                      "--rdzv-conf=is_host=0,join_timeout=300"]
     rate = 100e6 / 8  # bytes/s
     across, within = said["busbw"]["across the nodes"], said["busbw"]["within a node"]
     assert 0.5 * rate < across < 1.05 * rate  # 5 %: tbf's burst of 64 kB at line rate
@@ -362,6 +379,7 @@ def test_the_two_machines_lesson_runs_on_the_nodes_of_a_slurm_allocation(net, sl
     assert said["machines"] == "2 nodes of this SLURM allocation, h1, h2, started with srun."
     assert said["hosts"] == ["h1", "h1", "h2", "h2"]
     assert [e["GLOO_SOCKET_IFNAME"] for e in said["env"]] == ["veth-h1"] * 2 + ["veth-h2"] * 2
+    assert [line[1] for line in said["commands"]] == ["--rdzv-backend=c10d"] * 2  # one per node
     across, within = said["busbw"]["across the nodes"], said["busbw"]["within a node"]
     assert 0.5 * 100e6 / 8 < across < 1.05 * 100e6 / 8 and within > 5 * across
     assert set(said["failed"]) <= {0, 1}  # srun ends node 0's tasks: some may not say a thing
@@ -399,3 +417,18 @@ def test_the_slurm_launcher_outside_an_allocation_is_refused_naming_the_fix(monk
         'launcher="slurm" runs inside a SLURM allocation, and this kernel is not in one (no '
         'SLURM_JOB_NODELIST): start Jupyter inside `salloc --nodes 2`, or use launcher="ssh".'
     )
+
+
+def test_the_benchmark_sets_two_hosts_against_one_and_the_link_against_its_rate(net):
+    """./kit bench --hosts's section, on this module's hosts: a trivial job on 2 hosts x 2
+    ranks against 4 ranks on one host, and busbw across h2's link shaped to 100 Mbit/s."""
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "benchmarks" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    measured = bench.across_hosts(net, "100mbit", 1, [1 << 10, 4 << 20])
+    assert measured["two_hosts_s"] > 0 and measured["one_host_s"] > 0
+    assert measured["ratio"] == measured["two_hosts_s"] / measured["one_host_s"]
+    assert measured["link_rate"] == 100e6 / 8
+    assert 0.5 < measured["across_to_rate"] < 1.05  # 5 %: tbf's burst of 64 kB at line rate
+    assert measured["within_busbw"] > 5 * measured["across_busbw"]
+    assert nothing_left(net) == {}

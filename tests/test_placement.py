@@ -41,6 +41,9 @@ ON_THE_CPU = {
     "an nccl trace's collectives are GPU kernels (tracing refuses it: HTA reads those)",
     "25_a_rank_dies.ipynb cell 15 (script)": "two bare torchrun agents stand for two machines: "
     "their rendezvous is the lesson, and gloo on the CPU runs on any machine",
+    "28_two_machines.ipynb cell 12 (script)": "a node lost is seen through gloo's connections, "
+    "closed at once by the machine that stays up; what nccl reports depends on its transport "
+    "(on one machine's GPUs, no connection closes)",
 }
 
 

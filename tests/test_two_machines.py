@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_kit import worker
+from ddp_kit.kernel import hosts
 from ddp_kit.kernel.hosts import Machines, lesson_machines
 from ddp_kit.shared.errors import LaunchConfigError
 
@@ -51,6 +52,15 @@ def test_bad_lesson_hosts_are_refused_naming_the_fix(monkeypatch, hosts, launche
     with pytest.raises(LaunchConfigError, match=None) as refused:
         lesson_machines(2)
     assert said in str(refused.value)
+
+
+def test_an_allocation_of_one_node_is_refused_naming_salloc(monkeypatch):
+    monkeypatch.setenv("DDP_KIT_LAUNCHER", "slurm")
+    monkeypatch.setattr(hosts, "slurm_nodes", lambda: ["node1"])
+    with pytest.raises(LaunchConfigError) as refused:
+        lesson_machines(2)
+    assert str(refused.value) == ("This SLURM allocation has 1 node(s); this lesson needs 2: "
+                                  "start Jupyter inside `salloc --nodes 2`.")
 
 
 def test_lose_this_node_outside_a_launch_of_several_nodes_is_refused(monkeypatch):

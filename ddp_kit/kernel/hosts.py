@@ -29,6 +29,7 @@ PROBE_SECONDS in all):
 - The same Python (x.y.z) and torch build (2.13.0+cu128 is not 2.13.0+cpu), and the kit from
   the same folder (`python=` names the Python on the hosts, default the kernel's own path).
   The backend is chosen by the hosts' GPUs (the fewest any host has), not the kernel's.
+- Each machine once: two names that answer from one address are refused.
 
 What each host is given: the ranks' environment in the ssh command (`sent_env`: the kit's
 variables, env=, and the kernel's FORWARDED settings of NCCL, gloo, torch and OpenMP), and
@@ -174,6 +175,10 @@ def lesson_machines(nnodes: int = 2) -> Machines:
     if not given and launcher == "ssh":
         return Machines((), "local", nnodes)
     hosts = validate_hosts(given or None, launcher, 1)
+    if len(hosts) < nnodes and not given:  # the allocation's nodes
+        raise LaunchConfigError(f"This SLURM allocation has {len(hosts)} node(s); this lesson "
+                                f"needs {nnodes}: start Jupyter inside `salloc --nodes "
+                                f"{nnodes}`.")  # fmt: skip
     if len(hosts) < nnodes:
         raise LaunchConfigError(f"{contract.LESSON_HOSTS}={given!r} names {len(hosts)} host(s); "
                                 f"this lesson needs {nnodes}: {contract.LESSON_HOSTS}="
@@ -313,7 +318,7 @@ def sent_env(ranks: Mapping[str, str], given: Mapping[str, str]) -> dict[str, st
 
 def check_alike(answers: Mapping[str, dict], needed: list[str]) -> None:
     """Refuse hosts whose Python, torch or kit differ from the kernel's, that do not see a path
-    of `needed`, or that did not say their address."""
+    of `needed`, that did not say their address, or that are one machine under two names."""
     import torch
 
     mine = {"python": sys.version.split()[0], "torch": torch.__version__,
@@ -335,6 +340,14 @@ def check_alike(answers: Mapping[str, dict], needed: list[str]) -> None:
             )
         if not answer["address"]:
             raise LaunchConfigError(f"Host {name} did not say its address (no SSH_CONNECTION).")
+    first_named: dict[str, str] = {}  # address -> the first host that answered from it
+    for name, answer in answers.items():
+        other = first_named.setdefault(answer["address"], name)
+        if other != name:
+            raise LaunchConfigError(
+                f"Hosts {other} and {name} are one machine: both answered from "
+                f"{answer['address']}. One agent per host: name it once; more ranks on it: nproc."
+            )
 
 
 def interface_for(name: str, interfaces: Mapping[str, list], own: str, first: str) -> str:

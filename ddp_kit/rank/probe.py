@@ -47,7 +47,8 @@ GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 def torch_version_and_gpus() -> tuple[str, int]:
     """torch.__version__ and torch.cuda.device_count() of the torch `import torch` finds. With
     no GPU device file, no GPU can be counted: the version is read from that torch's
-    version.py (which torch/__init__.py imports it from), without importing torch (2 CPU s)."""
+    version.py (torch/__init__.py's comes from it, through torch_version.py), without
+    importing torch (2 CPU s)."""
     spec = importlib.util.find_spec("torch")  # finds the package; runs none of it
     version_file = os.path.join(os.path.dirname(spec.origin or ""), "version.py") if spec else ""
     if os.path.isfile(version_file) and not any(map(os.path.exists, GPU_DEVICE_FILES)):
