@@ -348,6 +348,108 @@ def test_the_two_machines_lesson_runs_on_two_hosts_across_a_shaped_link(net, tmp
     assert nothing_left(net) == {}
 
 
+SESSION = """
+import json, os, stat, time, ddp_kit
+from ddp_kit.shared.errors import CellError
+session = ddp_kit.Session(2, {where}, output="quiet", cell_timeout=4, collective_timeout=10)
+said = {{"hosts": session.rank_hosts, "status": session.status()}}
+session.run(SETUP)
+said["sums"] = [float(t[0]) for t in session.pull("total")]
+said["addresses"] = session.pull("address")
+said["modes"] = session.pull("mode")
+start = time.monotonic()
+try:
+    session.run(FOREVER)
+except CellError as error:
+    said["stopped"] = str(error).splitlines()[0]
+said["interrupted_in"] = time.monotonic() - start
+said["kept"] = [float(t[0]) for t in session.pull("total")]
+session.close()
+print(json.dumps(said))
+"""
+SESSION_CELLS = {
+    "SETUP": """
+import os, stat, torch, torch.distributed as dist
+from ddp_kit.worker import backend
+dist.init_process_group(backend())
+total = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(total)
+address = os.environ["DDP_KIT_SESSION_ADDRESS"]
+mode = oct(stat.S_IMODE(os.stat(address).st_mode)) if address.startswith("/") else None
+""",
+    "FOREVER": "import time\nwhile True:\n    time.sleep(0.1)\n",
+}
+
+
+def session_code(where: str) -> str:
+    """A kernel's code: a session placed by `where`, its cells, what it saw as JSON."""
+    cells = "".join(f"{name} = {code!r}\n" for name, code in SESSION_CELLS.items())
+    return cells + SESSION.format(where=where)
+
+
+def test_live_ranks_on_two_hosts_over_ssh_run_cells_and_are_interrupted(net):
+    """Session(hosts=, launcher="ssh"): each host's ranks reach the kernel through a Unix
+    socket that its ssh forwards to the kernel's 127.0.0.1 (mode 0600); cells run on both
+    hosts, a cell past cell_timeout is interrupted on both (SIGINT over ssh) and the ranks'
+    variables are kept."""
+    said = answer(net, session_code('hosts=["h2", "h1"], launcher="ssh"'))
+    assert said["hosts"] == ["h1", "h1", "h2", "h2"] and said["sums"] == [10.0] * 4
+    assert "pids {0: h1/" in said["status"] and "memory not measured" in said["status"]
+    assert all(a.startswith("/") and a.endswith(".sock") for a in said["addresses"])
+    assert len(set(said["addresses"])) == 2 and said["modes"] == ["0o600"] * 4
+    assert said["stopped"] == "The cell passed its cell_timeout of 4 s; ranks 0-3 were interrupted."
+    assert said["interrupted_in"] < 4 + 5  # the limit, and INTERRUPT_GRACE
+    assert said["kept"] == [10.0] * 4
+    assert nothing_left(net) == {}
+
+
+def test_a_killed_kernel_with_live_ranks_on_hosts_leaves_no_process_on_any_host(net):
+    proc = kernel(net, """
+import ddp_kit, sys
+session = ddp_kit.Session(2, hosts=["h1", "h2"], launcher="ssh", output="quiet")
+print("up", flush=True)
+sys.stdin.read()
+""", stdin=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "up", proc.stderr.read()
+    proc.kill()  # SIGKILL: each host's ssh sees its stdin end
+    proc.communicate()
+    assert nothing_left(net, seconds=30) == {}
+
+
+def test_a_host_lost_mid_cell_is_named_and_the_session_starts_afresh(net, tmp_path):
+    proc = kernel(net, """
+import json, time, ddp_kit
+from ddp_kit.shared.errors import SessionError
+session = ddp_kit.Session(2, hosts=["h1", "h2"], launcher="ssh", output="quiet",
+                          collective_timeout=10)
+session.run("import torch, torch.distributed as dist\\nfrom ddp_kit.worker import backend\\n"
+            "dist.init_process_group(backend())")
+print("up", flush=True)
+start = time.monotonic()
+try:
+    session.run("import time\\nfor _ in range(600):\\n    dist.all_reduce(torch.ones(1))\\n"
+                "    time.sleep(0.1)")
+except SessionError as error:
+    said = {"error": str(error), "seconds": time.monotonic() - start,
+             "running": session.running, "hosts": session.rank_hosts}
+session.close()
+print(json.dumps(said))
+""")
+    assert proc.stdout.readline().strip() == "up", proc.stderr.read()
+    time.sleep(1)  # the cell's all-reduces are running
+    for pid in ours(net, "h2"):  # the host's agent and ranks, all at once: the host is gone
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert out.strip(), err[-3000:]
+    said = json.loads(out.strip().splitlines()[-1])
+    assert said["seconds"] < 10 + 30, said  # the collective timeout, and the restart
+    assert "process ended on host h2" in said["error"], said["error"]
+    assert "The session was restarted: fresh ranks" in said["error"]
+    assert said["running"] and said["hosts"] == ["h1", "h1", "h2", "h2"]
+    assert nothing_left(net) == {}
+
+
 @pytest.fixture(scope="module")
 def slurm(net):
     """A real SLURM: slurmctld on h0, slurmd on h1 and h2 (munge keys made per run)."""
@@ -383,6 +485,17 @@ def test_the_two_machines_lesson_runs_on_the_nodes_of_a_slurm_allocation(net, sl
     across, within = said["busbw"]["across the nodes"], said["busbw"]["within a node"]
     assert 0.5 * 100e6 / 8 < across < 1.05 * 100e6 / 8 and within > 5 * across
     assert set(said["failed"]) <= {0, 1}  # srun ends node 0's tasks: some may not say a thing
+    assert nothing_left(net) == {}
+
+
+def test_live_ranks_on_the_nodes_of_an_allocation_run_cells_and_are_interrupted(net, slurm):
+    """Session(launcher="slurm"): the kernel listens on its address toward the nodes (h0's,
+    10.213.0.10), not on every interface; interrupts go by srun --overlap."""
+    said = answer(net, session_code('launcher="slurm"'), slurm=slurm)
+    assert said["hosts"] == ["h1", "h1", "h2", "h2"] and said["sums"] == [10.0] * 4
+    assert all(a.startswith("10.213.0.10:") for a in said["addresses"])
+    assert said["stopped"] == "The cell passed its cell_timeout of 4 s; ranks 0-3 were interrupted."
+    assert said["kept"] == [10.0] * 4
     assert nothing_left(net) == {}
 
 

@@ -67,3 +67,18 @@ def test_lose_this_node_outside_a_launch_of_several_nodes_is_refused(monkeypatch
     monkeypatch.delenv("DDP_KIT_NODE", raising=False)
     with pytest.raises(RuntimeError, match="launch with nnodes=2"):
         worker.lose_this_node()
+
+
+def test_ranks_start_takes_the_hosts_flags_of_session():
+    from ddp_kit.kernel.magic import session_parser
+
+    args = session_parser().parse_args(["-n", "2", "--hosts", "a,b", "--launcher", "ssh",
+                                        "--python", "/opt/py"])  # fmt: skip
+    assert (args.hosts, args.launcher, args.python) == ("a,b", "ssh", "/opt/py")
+
+
+def test_a_session_with_hosts_but_no_launcher_is_refused_before_anything_starts():
+    from ddp_kit import Session
+
+    with pytest.raises(LaunchConfigError, match='add launcher="ssh"'):
+        Session(2, hosts=["a", "b"])

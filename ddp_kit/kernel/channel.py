@@ -62,6 +62,9 @@ class Channel:
         self.running: set[int] = set()
         self.busy: dict[int, Busy] = {}
         self.cell = ""  # the name of the cell sent last
+        # How busy ranks get SIGINT: by their pids on this machine, unless the session's ranks
+        # run on other hosts (Session sets it: over ssh or srun)
+        self.interrupt: Callable[[list[int]], None] = self._interrupt_here
 
     def write_key(self, path: Path) -> Path:
         """Write the key where the ranks read it (mode 0600, in the private run directory)."""
@@ -69,9 +72,10 @@ class Channel:
         path.write_bytes(self.key)
         return path
 
-    def listen(self) -> Listener:
-        """A listener on 127.0.0.1, on a free port, that checks the key."""
-        return Listener(("127.0.0.1", 0), family="AF_INET", authkey=self.key, backlog=64)
+    def listen(self, address: str = "127.0.0.1") -> Listener:
+        """A listener on `address` (127.0.0.1; under SLURM, the kernel's address toward the
+        nodes), on a free port, that checks the key."""
+        return Listener((address, 0), family="AF_INET", authkey=self.key, backlog=64)
 
     def accept(
         self,
@@ -138,8 +142,7 @@ class Channel:
         on_output: Callable[[int, str, str], None],
     ) -> Stop:
         busy = sorted(pending.values())
-        for rank in busy:
-            _interrupt(self.pids[rank])
+        self.interrupt(busy)
         grace = time.monotonic() + INTERRUPT_GRACE
         try:
             while pending and time.monotonic() < grace:
@@ -149,6 +152,10 @@ class Channel:
             pass
         reason += f"; {span(busy)} {'was' if len(busy) == 1 else 'were'} interrupted."
         return Stop(kind, reason, interrupted=busy, stuck=sorted(pending.values()))
+
+    def _interrupt_here(self, ranks: list[int]) -> None:
+        for rank in ranks:
+            _interrupt(self.pids[rank])
 
     def _receive(
         self,

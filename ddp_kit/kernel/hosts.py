@@ -4,6 +4,7 @@ rendezvous, OpenSSH, and the files of the run directory.)
 
     launch(script, nproc=2, hosts=["gpu1", "gpu2"], launcher="ssh")   # 2 hosts x 2 ranks
     %%torchrun -n 2 --hosts gpu1,gpu2 --launcher ssh
+    Session(2, hosts=["gpu1", "gpu2"], launcher="ssh")   # live ranks (kernel.session)
     launch(script, nproc=2, launcher="slurm")   # inside an allocation: one node per node of it
 
 Words (the package docstring defines the rest):
@@ -57,6 +58,7 @@ import json
 import math
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -186,15 +188,53 @@ def lesson_machines(nnodes: int = 2) -> Machines:
     return Machines(tuple(hosts[:nnodes]), launcher, nnodes)
 
 
-def ssh_argv(host: str, line: str) -> list[str]:
+def ssh_argv(host: str, line: str, extra: Sequence[str] = ()) -> list[str]:
     """The ssh command that runs the shell command `line` on `host`: asking nothing
     (BatchMode), giving up on an unreachable host after CONNECT_SECONDS and on a silent one
-    after ALIVE_SECONDS x ALIVE_COUNT, no terminal, IPv4. ssh keeps an option's first value:
-    the kit's come before DDP_KIT_SSH_OPTIONS, which adds others."""
+    after ALIVE_SECONDS x ALIVE_COUNT, no terminal, IPv4, then the `extra` options (a live
+    session's forward). ssh keeps an option's first value: the kit's come before
+    DDP_KIT_SSH_OPTIONS, which adds others."""
     kit = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_SECONDS}",
            "-o", f"ServerAliveInterval={ALIVE_SECONDS}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
-           "-o", "AddressFamily=inet", "-T"]  # fmt: skip
+           "-o", "AddressFamily=inet", "-T", *extra]  # fmt: skip
     return ["ssh", *kit, *shlex.split(os.environ.get(SSH_OPTIONS, "")), host, "--", line]
+
+
+def session_forward(socket_path: Path, port: int) -> list[str]:
+    """The ssh options that carry a live session's channel from a host to the kernel: a Unix
+    socket at `socket_path` on the host (made by the host's sshd, mode 0600: only this user can
+    connect), forwarded through the ssh connection to the kernel's 127.0.0.1:`port`. ssh fails
+    at once if the host refuses the forward (its sshd's AllowStreamLocalForwarding)."""
+    return ["-R", f"{socket_path}:127.0.0.1:{port}", "-o", "ExitOnForwardFailure=yes",
+            "-o", "StreamLocalBindUnlink=yes"]  # fmt: skip
+
+
+def address_toward(address: str) -> str:
+    """This machine's own address on the way to `address` (the route's source address; a UDP
+    socket sends nothing to learn it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((address, 9))
+        return sock.getsockname()[0]
+
+
+def interrupt_ranks(launcher: str, pids_by_host: Mapping[str, list[int]]) -> None:
+    """SIGINT the ranks on each host (by process id there): over ssh, or with srun inside the
+    kernel's allocation (--overlap: beside the running step). Waits up to CONNECT_SECONDS + 5
+    for the commands; a host that cannot be reached is left to the cell's own end."""
+    commands = []
+    for host, pids in pids_by_host.items():
+        kill = ["kill", "-INT", *map(str, pids)]
+        srun = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", *kill]
+        commands.append(srun if launcher == "slurm" else ssh_argv(host, shlex.join(kill)))
+    procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for c in commands]  # fmt: skip
+    deadline = time.monotonic() + CONNECT_SECONDS + 5
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def probe(names: list[str], python: str, pythonpath: str, needed: list[str],
@@ -368,24 +408,29 @@ def interface_for(name: str, interfaces: Mapping[str, list], own: str, first: st
 def remote_commands(hosts: list[Host], agent: list[str], runner: list[str], log_dir: Path,
                     env: Mapping[str, str], run_id: str, join_timeout: float,
                     launcher: str = "ssh", given: Mapping[str, str] | None = None,
+                    node_env: Sequence[Mapping[str, str]] = (),
+                    ssh_extra: Sequence[Sequence[str]] = (),
                     ) -> list[list[str]]:  # fmt: skip
     """ssh: one command per host. slurm: one srun, one task per node, each task picking its own
     line by its node's name (SLURMD_NODENAME). Each line runs the host's agent under
     `ddp_kit.rank.remote`, in the kernel's working directory, with `env` and the host's
-    interface, at the rendezvous on the first host."""
-    lines = node_lines(hosts, agent, runner, log_dir, env, run_id, join_timeout, given)
+    interface, at the rendezvous on the first host. `node_env` adds variables to each host's
+    line, `ssh_extra` options to each host's ssh (a live session's channel)."""
+    lines = node_lines(hosts, agent, runner, log_dir, env, run_id, join_timeout, given, node_env)
     remote = ["env", f"PYTHONPATH={env['PYTHONPATH']}", agent[0], "-m", "ddp_kit.rank.remote"]
     if launcher == "slurm":  # srun's task is the wrapper, its child the node's line
         per_node = json.dumps({host.name: line for host, line in zip(hosts, lines, strict=True)})
         return [srun_argv([h.name for h in hosts], [*remote, "--per-node", per_node])]
     cd = f"cd {shlex.quote(os.getcwd())} && exec "
-    return [ssh_argv(host.name, cd + shlex.join([*remote, *line]))
-            for host, line in zip(hosts, lines, strict=True)]  # fmt: skip
+    extra = list(ssh_extra) or [()] * len(hosts)
+    return [ssh_argv(host.name, cd + shlex.join([*remote, *line]), options)
+            for host, line, options in zip(hosts, lines, extra, strict=True)]  # fmt: skip
 
 
 def node_lines(hosts: list[Host], agent: list[str], runner: list[str], log_dir: Path,
                env: Mapping[str, str], run_id: str, join_timeout: float,
-               given: Mapping[str, str] | None = None) -> list[list[str]]:  # fmt: skip
+               given: Mapping[str, str] | None = None,
+               node_env: Sequence[Mapping[str, str]] = ()) -> list[list[str]]:  # fmt: skip
     """Each host's command line: `env VARIABLES AGENT...` (the agent's own environment). The
     interface variables are the host's, unless env= (`given`) names them."""
     first = hosts[0]
@@ -393,7 +438,8 @@ def node_lines(hosts: list[Host], agent: list[str], runner: list[str], log_dir: 
     for node, host in enumerate(hosts):
         interfaces = {"GLOO_SOCKET_IFNAME": host.interface, "NCCL_SOCKET_IFNAME": host.interface}
         interfaces.update({k: v for k, v in (given or {}).items() if k in interfaces})
-        host_env = {**env, **interfaces, contract.NODE: str(node)}
+        host_env = {**env, **interfaces, contract.NODE: str(node),
+                    **(node_env[node] if node_env else {})}  # fmt: skip
         rendezvous = [
             f"--nnodes={len(hosts)}", "--rdzv-backend=c10d", f"--rdzv-id={run_id}",
             f"--rdzv-endpoint={first.address}:{first.port}",

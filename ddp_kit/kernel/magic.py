@@ -84,6 +84,28 @@ def _run_parser(
     return parser
 
 
+def _host_flags(function: Callable) -> dict[tuple[str, ...], dict]:
+    """The flags that place the nodes on other hosts, with `function`'s defaults."""
+    return {
+        ("--hosts",): {
+            "default": default_of(function, "hosts"),
+            "help": "one node on each of these hosts, as ssh reaches them (slurm: node names "
+            "of the allocation), comma-separated: --hosts gpu1,gpu2 --launcher ssh (default: "
+            "this machine; with --launcher slurm, every node of the kernel's allocation)",
+        },
+        ("--launcher",): {
+            "choices": LAUNCHERS,
+            "default": default_of(function, "launcher"),
+            "help": "how the nodes' agents start: local (this machine), ssh (one connection "
+            "per host) or slurm (srun, inside the kernel's allocation) (default: %(default)s)",
+        },
+        ("--python",): {
+            "default": default_of(function, "python"),
+            "help": "the Python on the hosts (default: this kernel's path)",
+        },
+    }
+
+
 def torchrun_parser() -> MagicParser:
     """The flags of %%torchrun, with launch()'s defaults."""
     extra = {
@@ -103,22 +125,7 @@ def torchrun_parser() -> MagicParser:
             "default": default_of(launch, "monitor_interval"),
             "help": "seconds between torchrun's checks of its ranks (default: torchrun's, 0.1)",
         },
-        ("--hosts",): {
-            "default": default_of(launch, "hosts"),
-            "help": "one node on each of these hosts, as ssh reaches them (slurm: node names "
-            "of the allocation), comma-separated: --hosts gpu1,gpu2 --launcher ssh (default: "
-            "this machine; with --launcher slurm, every node of the kernel's allocation)",
-        },
-        ("--launcher",): {
-            "choices": LAUNCHERS,
-            "default": default_of(launch, "launcher"),
-            "help": "how the nodes' agents start: local (this machine), ssh (one connection "
-            "per host) or slurm (srun, inside the kernel's allocation) (default: %(default)s)",
-        },
-        ("--python",): {
-            "default": default_of(launch, "python"),
-            "help": "the Python on the hosts (default: this kernel's path)",
-        },
+        **_host_flags(launch),
         ("--result",): {
             "type": variable_name,
             "default": "last_run",
@@ -188,6 +195,7 @@ def session_parser() -> MagicParser:
             "help": "seconds without a cell after which the ranks stop to free their memory; "
             "the next cell says so (default: %(default)s)",
         },
+        **_host_flags(Session),
         ("--name",): {
             "type": variable_name,
             "default": "session",

@@ -5,6 +5,11 @@ backward, all-reduce and the optimizer step and look at every rank's tensors.
       └─ agent per node (torchrun, as for a launch)
            └─ rank: ddp_kit.rank.runner -> ddp_kit.rank.server, connects back, authenticated
 
+On other hosts (hosts=, launcher="ssh" or "slurm"; kernel.hosts): the agents start as a
+launch's do. Over ssh, each host's ranks connect to a Unix socket that the host's ssh
+forwards to the kernel's 127.0.0.1 port; under SLURM, to the kernel's address toward the
+nodes. Interrupts go as SIGINT over ssh, or by srun.
+
 Each cell is sent to the chosen ranks and run there in one namespace per rank; output comes
 back as it is printed and is shown like launch()'s (kernel.output's modes). The student still calls
 init_process_group and builds DDP in the cells: that is the lesson.
@@ -17,10 +22,12 @@ the message says what happened and what is lost.
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
+import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,16 +38,27 @@ from ..shared import contract
 from ..shared.contract import Exit, Flush, FreeGroups, Pull, PullFailed, RunCell
 from ..shared.errors import CellError, Interrupted, LaunchConfigError, SessionError
 from ..shared.failures import RankFailure
+from ..shared.markers import node_groups
 from ..shared.records import Records
 from . import diagnose
-from .backend import choose_backend, say_choice
+from . import hosts as hosts_module
+from .backend import choose_backend, say_choice, say_fallback
 from .channel import INTERRUPT_GRACE, Channel, Stop
 from .output import RankOutput, RankPrinter, span, validate_output
 from .progress import CellStatus, StartProgress, positions
 from .progress import wanted as status_wanted
 from .result import CellResult
 from .script import write_script
-from .torchrun import Agents, log_roots, make_run_dir, rank_env, torchrun_commands, validate
+from .torchrun import (
+    Agents,
+    agent_argv,
+    log_roots,
+    make_run_dir,
+    rank_env,
+    runner_argv,
+    torchrun_commands,
+    validate,
+)
 
 SERVER = "from ddp_kit.rank.server import serve\n\nserve()\n"
 START_TIMEOUT = 180.0  # torchrun, `import torch` and DDP's imports on every rank
@@ -82,13 +100,21 @@ class Session:
         debug: str = "off",
         env: Mapping[str, str] | None = None,
         idle_timeout: float = 1800.0,
+        hosts: Sequence[str] | str | None = None,
+        launcher: str = "local",
+        python: str | None = None,
     ) -> None:
+        self.host_names = hosts_module.validate_hosts(hosts, launcher, nnodes)
+        nnodes = len(self.host_names) or nnodes
         validate(nproc, nnodes, cell_timeout, collective_timeout, output, debug)
         if not isinstance(idle_timeout, (int, float)) or not idle_timeout > 0:
             raise LaunchConfigError(f"idle_timeout={idle_timeout!r}: give a positive number of "
                                     "seconds (the default, 1800, is 30 minutes).")  # fmt: skip
         self.nproc, self.nnodes = nproc, nnodes
-        self.choice = choose_backend(nproc * nnodes, backend)
+        self.launcher, self.python = launcher, python or sys.executable
+        self._backend_asked = backend
+        self.choice = choose_backend(nproc * nnodes, backend)  # over hosts: chosen at start()
+        self.rank_hosts: list[str] = []  # each rank's host, over hosts
         self.collective_timeout = collective_timeout
         self.cell_timeout = cell_timeout
         self.output = output
@@ -136,20 +162,36 @@ class Session:
         """Start torchrun with a rank server on every rank; wait until every rank connects."""
         if self._agents is not None:
             raise SessionError("This session is already running: close() or restart() it.")
-        say_choice(self.choice, self.world_size)
+        found = (hosts_module.probe_for(self.host_names, self.python, SERVER, self.launcher)
+                 if self.host_names else [])  # fmt: skip
+        if found:  # each host runs nproc ranks on its own GPUs
+            self.choice = choose_backend(self.nproc, self._backend_asked,
+                                         gpus=min(host.gpus for host in found))  # fmt: skip
+            say_fallback(self.choice)
+        else:
+            say_choice(self.choice, self.world_size)
         begin = time.perf_counter()
         self._run_dir = run_dir = make_run_dir()
         self._channel = Channel()
         key_file = self._channel.write_key(run_dir / contract.KEY_FILE)
-        listener = self._channel.listen()
+        # Over ssh the kernel listens on 127.0.0.1 (each host's ranks come through its ssh); under
+        # SLURM, on its address toward the nodes, never on every interface
+        toward = (hosts_module.address_toward(found[0].address)
+                  if self.launcher == "slurm" else "127.0.0.1")  # fmt: skip
+        listener = self._channel.listen(toward)
         host, port = listener.address
         script = write_script(run_dir, SERVER)
-        commands = torchrun_commands(script, self.nproc, self.nnodes, run_dir / contract.LOGS)
         env = rank_env(run_dir, self.choice.backend, self.collective_timeout, self.env, self.debug,
                        self.choice.device)
         env.update({contract.SESSION_ADDRESS: f"{host}:{port}",
                     contract.SESSION_KEY_FILE: str(key_file)})  # fmt: skip
-        self._agents = agents = Agents.start(commands, env, self.nproc)
+        if found:
+            commands = self._host_commands(found, run_dir, script, env, port)
+            self._agents = agents = Agents.start(commands, dict(os.environ), self.nproc,
+                                                 remote=True)  # fmt: skip
+        else:
+            commands = torchrun_commands(script, self.nproc, self.nnodes, run_dir / contract.LOGS)
+            self._agents = agents = Agents.start(commands, env, self.nproc)
         progress = StartProgress(self.world_size, self.output != "quiet" and status_wanted())
         try:
             connected = self._channel.accept(listener, self.world_size, agents.running,
@@ -164,6 +206,8 @@ class Session:
             why = self._startup_failure(connected)
             self._discard()
             raise SessionError(why)
+        if found:
+            self._place_on_hosts(found, run_dir)
         progress.end(f"{self.world_size} live ranks connected in "
                      f"{time.perf_counter() - begin:.1f} s")  # fmt: skip
         self.started_at = time.time()
@@ -173,6 +217,41 @@ class Session:
         self.idle_stopped = ""
         threading.Thread(target=self._stop_when_idle, args=(agents,), daemon=True,
                          name="ddp_kit-idle-watch").start()  # fmt: skip
+
+    def _host_commands(self, found: list[hosts_module.Host], run_dir: Path, script: Path,
+                       env: dict[str, str], port: int) -> list[list[str]]:  # fmt: skip
+        """Each host's command (kernel.hosts): over ssh, with the forward that carries its ranks'
+        channel to the kernel (a Unix socket per host in the run directory)."""
+        node_env: list[dict[str, str]] = []
+        ssh_extra: list[list[str]] = []
+        if self.launcher == "ssh":
+            for node in range(len(found)):
+                socket_path = run_dir / f"channel-{node}.sock"
+                node_env.append({contract.SESSION_ADDRESS: str(socket_path)})
+                ssh_extra.append(hosts_module.session_forward(socket_path, port))
+        sent = hosts_module.sent_env(env, self.env)
+        agent = agent_argv(self.python, self.nproc)
+        return hosts_module.remote_commands(found, agent, runner_argv(script),
+                                            run_dir / contract.LOGS, sent, run_dir.name,
+                                            START_TIMEOUT, self.launcher, self.env,
+                                            node_env, ssh_extra)  # fmt: skip
+
+    def _place_on_hosts(self, found: list[hosts_module.Host], run_dir: Path) -> None:
+        """Learn each rank's host (from the started markers: torchrun numbers the nodes by
+        address), and interrupt the ranks there by their pids."""
+        groups = node_groups(run_dir / contract.MARKERS, self.nproc)
+        named = {group * self.nproc + local: found[node].name
+                 for node, group in groups.items() for local in range(self.nproc)}  # fmt: skip
+        self.rank_hosts = [named.get(rank, "?") for rank in range(self.world_size)]
+        channel = self._channel
+
+        def interrupt(ranks: list[int]) -> None:
+            pids: dict[str, list[int]] = {}
+            for rank in ranks:
+                pids.setdefault(self.rank_hosts[rank], []).append(channel.pids[rank])
+            hosts_module.interrupt_ranks(self.launcher, pids)
+
+        channel.interrupt = interrupt
 
     def close(self) -> None:
         """Stop every rank and agent (the ranks leave their process group first)."""
@@ -201,7 +280,8 @@ class Session:
         """One line: how many ranks, backend, their pids, cells run."""
         if not self.running:
             return "No live ranks (start them with %ranks start, or Session())."
-        pids = ", ".join(f"{r}: {p}" for r, p in sorted(self._channel.pids.items()))
+        on = (lambda r: f"{self.rank_hosts[r]}/") if self.rank_hosts else (lambda r: "")
+        pids = ", ".join(f"{r}: {on(r)}{p}" for r, p in sorted(self._channel.pids.items()))
         up = time.time() - self.started_at
         return (
             f"{self.world_size} live ranks, {self.choice.backend} on {self.choice.device}, "
@@ -353,10 +433,12 @@ class Session:
         if self._last_cell[2] and stop is not None:
             where = ["Where the ranks were: " + self._last_positions(stacks=False)]
         if stop is not None and stop.lost is not None:
+            host = f" on host {self.rank_hosts[stop.lost]}" if self.rank_hosts else ""
             codes = self._exit_codes()
             self._discard()
             self.start()
-            lost = f"{stop.reason} ({codes}); torchrun then stopped every rank. " + RESTARTED
+            lost = (f"{stop.reason}{host} ({codes}); torchrun then stopped every rank. "
+                    + RESTARTED)  # fmt: skip
             return [lost, *filter(None, [diagnose.detail_crash_note(self.debug, codes)])]
         if stop is not None and stop.stuck:
             self._discard()  # stuck ranks cannot answer an exit message: stop them at once
@@ -462,7 +544,8 @@ class Session:
                 continue
             try:
                 if self._agents is agents:
-                    held = memory_text(self.memory(), short=True)
+                    held = (memory_text(self.memory(), short=True) if not self.rank_hosts
+                            else "on their hosts")  # fmt: skip
                     self.close()
                     self.idle_stopped = (
                         f"The live ranks were stopped after {idle / 60:.1f} min without a cell "
@@ -479,7 +562,9 @@ class Session:
         processes counts 1/n, so the sum is what the ranks hold together) and "uss" (its own
         pages, what ending it would free) where the OS gives them (Linux), else "rss" (resident
         pages, shared ones counted in every rank that maps them)."""
-        sizes = {}
+        sizes: dict[int, dict[str, int]] = {}
+        if self.rank_hosts:  # the pids are other hosts': not measured from here
+            return sizes
         for rank, pid in sorted(self._channel.pids.items()):
             try:
                 sizes[rank] = rank_memory(psutil.Process(pid))
@@ -489,6 +574,8 @@ class Session:
 
     def memory_text(self) -> str:
         """The ranks' memory in one line, saying which measure it is."""
+        if self.rank_hosts:
+            return "not measured (the ranks run on other hosts)"
         return memory_text(self.memory())
 
     def _discard(self) -> None:

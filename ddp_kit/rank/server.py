@@ -107,11 +107,15 @@ def preimport() -> None:
 
 def connect() -> Channel:
     """Open the authenticated channel to the kernel and say who this rank is."""
-    host, port = os.environ[contract.SESSION_ADDRESS].rsplit(":", 1)
+    address = os.environ[contract.SESSION_ADDRESS]
     key = Path(os.environ[contract.SESSION_KEY_FILE]).read_bytes()
-    channel = Channel(
-        contract.send_at_once(Client((host, int(port)), family="AF_INET", authkey=key))
-    )
+    if address.startswith("/"):  # a host's end of the kernel's ssh forward (kernel.hosts)
+        connection = Client(address, family="AF_UNIX", authkey=key)
+    else:
+        host, port = address.rsplit(":", 1)
+        connection = contract.send_at_once(Client((host, int(port)), family="AF_INET",
+                                                  authkey=key))  # fmt: skip
+    channel = Channel(connection)
     channel.send(Hello(worker.rank(), os.getpid()))
     return channel
 

@@ -17,7 +17,9 @@ DDP_KIT_NODE                the index of this rank's host in a launch over sever
 DDP_KIT_RECORD_DIR          where record() saves this run's records     (run directory/records)
 DDP_KIT_ERROR_DIR           where a rank that raised writes its report  (run directory/errors)
 DDP_KIT_MARKER_DIR          where the runner leaves a rank's markers    (run directory/markers)
-DDP_KIT_SESSION_ADDRESS     host:port a live rank connects back to (sessions only)
+DDP_KIT_SESSION_ADDRESS     host:port a live rank connects back to (sessions only); on a host
+                            reached over ssh, the path of the Unix socket that ssh forwards
+                            to the kernel's 127.0.0.1:port (kernel.hosts.session_forward)
 DDP_KIT_SESSION_KEY_FILE    the file holding the session's key (sessions only)
 DDP_KIT_FORK_SERVER         the fork server's socket, for the relays (fast start only)
 
