@@ -107,6 +107,7 @@ SPLIT_FILES = {
 # rest of tests/, each in collection order.
 LONGEST_FIRST = [
     "tests/test_hosts.py", "tests/test_bench_smoke.py", "tests/test_wheel.py",
+    "tests/test_hosts_lesson.py", "tests/test_hosts_slurm.py",
     "tests/test_launcher.py", "tests/test_solutions.py", "tests/test_examples.py",
     "notebooks/17_when_ddp_pays_off.ipynb",
     "notebooks/22_buckets_and_overlap.ipynb", "tests/test_observe.py",

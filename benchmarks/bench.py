@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -176,9 +177,11 @@ def fast_start(ranks: list[int], repeats: int, jobs: int, session_alone: bool = 
 def across_hosts(net, rate: str, repeats: int, sizes: list[int]) -> dict:
     """A launch over two network hosts against one (workers/hosts_kernel.py, run as a kernel
     on host h0 of `net`, tests/hosts/netns.py): the trivial DDP job on h1 and h2 x 2 ranks
-    against the same 4 ranks on h1 alone, as a ratio; and busbw of a 2-rank all-reduce across
-    h2's link, shaped to `rate` (tc tbf, e.g. "100mbit") meanwhile, against that rate and
-    against 2 ranks within h1. The largest size gives the busbw."""
+    against the same 4 ranks on h1 alone, and a DDP step as a live cell the same two ways,
+    as ratios; and busbw of a 2-rank all-reduce across h2's link, shaped to `rate` (tc tbf,
+    "100mbit") meanwhile, against that rate and against 2 ranks within h1. The largest size
+    gives the busbw. The link stays shaped for every measurement: the two-host jobs and
+    cells cross it too."""
     net.shape("h2", Shape(rate))
     try:
         command = [sys.executable, str(WORKERS / "hosts_kernel.py"), "h1", "h2", str(repeats),
@@ -192,13 +195,27 @@ def across_hosts(net, rate: str, repeats: int, sizes: list[int]) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"the hosts' kernel failed:\n{err[-3000:]}")
     line = bench_line(out)
-    rate_bytes = float(rate.removesuffix("mbit")) * 1e6 / 8
+    rate_bytes = link_rate(rate)[1]
     across = float(costmodel.busbw(sizes[-1], line["across_s"][-1], 2))
     within = float(costmodel.busbw(sizes[-1], line["within_s"][-1], 2))
     two, one = statistics.median(line["two_hosts_s"]), statistics.median(line["one_host_s"])
+    step_two, step_one = line["two_hosts_step_s"], line["one_host_step_s"]
     return {"two_hosts_s": two, "one_host_s": one, "ratio": two / one, "bytes": sizes[-1],
+            "two_hosts_step_s": step_two, "one_host_step_s": step_one,
+            "step_ratio": step_two / step_one,
             "link_rate": rate_bytes, "across_busbw": across, "within_busbw": within,
             "across_to_rate": across / rate_bytes}  # fmt: skip
+
+
+def link_rate(text: str) -> tuple[str, float]:
+    """A rate as tc writes it in bits per second ("100mbit", "1gbit", "12500kbit"; SI
+    prefixes, as tc's): the text, and its bytes per second."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", text.strip().lower())
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a rate in bits per second as tc "
+                                         "writes it: 100mbit, 1gbit, 12500kbit")  # fmt: skip
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[found[2]]
+    return text.strip().lower(), float(found[1]) * scale / 8
 
 
 @contextlib.contextmanager
@@ -457,6 +474,10 @@ def report(res: dict) -> str:
         lines.append("== two hosts (network namespaces, over ssh) against one ==")
         lines.append(f"trivial DDP job, 2 hosts x 2 ranks {r['two_hosts_s']:.2f} s, 1 host x 4 "
                      f"ranks {r['one_host_s']:.2f} s: ratio {r['ratio']:.2f}")  # fmt: skip
+        lines.append(f"DDP step as a live cell, 2 hosts x 2 ranks "
+                     f"{r['two_hosts_step_s'] * 1e3:.1f} ms, 1 host x 4 ranks "
+                     f"{r['one_host_step_s'] * 1e3:.1f} ms: "
+                     f"ratio {r['step_ratio']:.2f}")  # fmt: skip
         lines.append(f"all-reduce of {r['bytes'] >> 20} MiB, 2 ranks: busbw across the link "
                      f"{r['across_busbw'] / 1e6:.1f} MB/s = {r['across_to_rate']:.2f} x its "
                      f"rate ({r['link_rate'] / 1e6:.1f} MB/s); within one host "
@@ -485,8 +506,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hosts", action="store_true",
                         help="also a launch over two network-namespace hosts against one host, "
                         "and busbw across a link shaped to --link-rate (root; sshd)")  # fmt: skip
-    parser.add_argument("--link-rate", default="100mbit", help="the shaped link's rate (tc tbf)")
+    parser.add_argument("--link-rate", default="100mbit", type=lambda text: link_rate(text)[0],
+                        help="the shaped link's rate, as tc writes it (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.hosts and not namespace_support()[0]:  # before any measurement, not after
+        parser.error(f"--hosts: {namespace_support()[1]}")
     if args.launch_only:
         res = launch_overhead([2, 4], args.repeats)
         print(json.dumps(res, indent=2))

@@ -11,8 +11,21 @@ and its tests take `run`, that worker's real torchrun run, launched once per num
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 from support import WORKERS, wait_until_gone
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "hosts"))
+from netns import (  # noqa: E402
+    namespace_hosts,
+    namespace_support,
+    our_namespaces,
+    slurm_cluster,
+    sshd_hosts,
+)
 
 import ddp_kit
 
@@ -52,3 +65,33 @@ def no_orphan_processes(request):
         return
     left = wait_until_gone()
     assert not left, f"processes left running: {left}"
+
+
+# -- network hosts (tests/hosts/netns.py): each test file that asks gets hosts of its own, so
+# the files tests/test_hosts*.py run at once in different workers ------------------------
+
+
+@pytest.fixture(scope="module")
+def net():
+    ok, why = namespace_support()
+    for tool, package in (("/usr/sbin/sshd", "openssh-server"), ("/usr/sbin/slurmd", "slurm-wlm"),
+                          ("/usr/sbin/munged", "munge")):  # fmt: skip
+        if ok and not Path(tool).exists():
+            ok, why = False, f"no {tool} (Debian's {package}; .ci/run installs it)"
+    if not ok:
+        if os.environ.get("DDP_KIT_REQUIRE_HOSTS"):
+            pytest.fail(f"DDP_KIT_REQUIRE_HOSTS is set, but {why}")
+        pytest.skip(why)
+    with namespace_hosts(3) as hosts, sshd_hosts(hosts) as ssh:
+        hosts.ssh = ssh
+        yield hosts
+    assert not set(hosts.namespaces()) & set(our_namespaces()), "namespaces left behind"
+
+
+@pytest.fixture(scope="module")
+def slurm(net):
+    """A real SLURM: slurmctld on h0, slurmd on h1 and h2 (munge keys made per run)."""
+    with slurm_cluster(net, controller="h0", nodes=("h1", "h2")) as cluster:
+        net.slurm_daemons = {daemon.pid for daemon in cluster.daemons.values()}
+        yield cluster
+        net.slurm_daemons = set()

@@ -82,3 +82,26 @@ def test_a_session_with_hosts_but_no_launcher_is_refused_before_anything_starts(
 
     with pytest.raises(LaunchConfigError, match='add launcher="ssh"'):
         Session(2, hosts=["a", "b"])
+
+
+def test_a_run_directory_too_deep_for_a_unix_socket_is_refused_naming_tmpdir(tmp_path):
+    deep = tmp_path / ("d" * 120) / "channel-0.sock"
+    with pytest.raises(LaunchConfigError, match="set TMPDIR to a shorter shared folder"):
+        hosts.session_forward(deep, 4242)
+    assert hosts.session_forward(tmp_path / "channel-0.sock", 4242)[:2] == [
+        "-R", f"{tmp_path / 'channel-0.sock'}:127.0.0.1:4242"]
+
+
+def test_the_benchmarks_link_rate_is_read_as_tc_writes_it():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+    spec = importlib.util.spec_from_file_location("bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.link_rate("100mbit") == ("100mbit", 12.5e6)
+    assert bench.link_rate("1Gbit") == ("1gbit", 125e6)
+    assert bench.link_rate("12500kbit") == ("12500kbit", 12500e3 / 8)
+    with pytest.raises(Exception, match="as tc writes it"):
+        bench.link_rate("100mbps")  # bytes per second, to tc

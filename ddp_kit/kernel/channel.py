@@ -142,7 +142,10 @@ class Channel:
         on_output: Callable[[int, str, str], None],
     ) -> Stop:
         busy = sorted(pending.values())
-        self.interrupt(busy)
+        try:
+            self.interrupt(busy)
+        except KeyboardInterrupt:  # a second stop while the hosts are told: they were
+            pass
         grace = time.monotonic() + INTERRUPT_GRACE
         try:
             while pending and time.monotonic() < grace:

@@ -78,6 +78,7 @@ ALIVE_SECONDS, ALIVE_COUNT = 5, 3
 PROBE_SECONDS = 60  # the whole probe of every host: ssh, then Python (torch imported on GPU hosts)
 SSH_OPTIONS = "DDP_KIT_SSH_OPTIONS"
 SSH_FAILED = 255  # ssh's exit code for its own errors (the remote command's code otherwise)
+SOCKET_PATH_MAX = 107  # Linux's sun_path holds 108 bytes, the last one a NUL
 
 
 @dataclass(frozen=True)
@@ -204,9 +205,17 @@ def session_forward(socket_path: Path, port: int) -> list[str]:
     """The ssh options that carry a live session's channel from a host to the kernel: a Unix
     socket at `socket_path` on the host (made by the host's sshd, mode 0600: only this user can
     connect), forwarded through the ssh connection to the kernel's 127.0.0.1:`port`. ssh fails
-    at once if the host refuses the forward (its sshd's AllowStreamLocalForwarding)."""
-    return ["-R", f"{socket_path}:127.0.0.1:{port}", "-o", "ExitOnForwardFailure=yes",
-            "-o", "StreamLocalBindUnlink=yes"]  # fmt: skip
+    at once if the host refuses the forward (its sshd's AllowStreamLocalForwarding or
+    DisableForwarding, or `restrict` / `no-port-forwarding` on the key). A path too long for
+    a Unix socket (SOCKET_PATH_MAX bytes) is refused, naming the fix. (The host's sshd keeps
+    the socket until the connection ends; the run directory goes with the session.)"""
+    if len(os.fsencode(socket_path)) > SOCKET_PATH_MAX:
+        raise LaunchConfigError(
+            f"Live ranks on hosts need a Unix socket in the run directory, and {socket_path} is "
+            f"longer than a socket's path may be ({SOCKET_PATH_MAX} bytes): set TMPDIR to a "
+            "shorter shared folder before starting the kernel."
+        )
+    return ["-R", f"{socket_path}:127.0.0.1:{port}", "-o", "ExitOnForwardFailure=yes"]
 
 
 def address_toward(address: str) -> str:
@@ -226,8 +235,10 @@ def interrupt_ranks(launcher: str, pids_by_host: Mapping[str, list[int]]) -> Non
         kill = ["kill", "-INT", *map(str, pids)]
         srun = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", *kill]
         commands.append(srun if launcher == "slurm" else ssh_argv(host, shlex.join(kill)))
+    # each in its own session: the notebook's ^C (SIGINT to the kernel's group) spares them
     procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for c in commands]  # fmt: skip
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+             for c in commands]  # fmt: skip
     deadline = time.monotonic() + CONNECT_SECONDS + 5
     for proc in procs:
         try:

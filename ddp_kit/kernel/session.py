@@ -113,7 +113,10 @@ class Session:
         self.nproc, self.nnodes = nproc, nnodes
         self.launcher, self.python = launcher, python or sys.executable
         self._backend_asked = backend
-        self.choice = choose_backend(nproc * nnodes, backend)  # over hosts: chosen at start()
+        # Over hosts the backend is chosen at start(), by the hosts' GPUs: here only its name
+        # is checked (a login node without GPUs may start ranks on GPU hosts)
+        self.choice = (choose_backend(nproc, backend, gpus=nproc) if self.host_names
+                       else choose_backend(nproc * nnodes, backend))  # fmt: skip
         self.rank_hosts: list[str] = []  # each rank's host, over hosts
         self.collective_timeout = collective_timeout
         self.cell_timeout = cell_timeout
@@ -186,7 +189,12 @@ class Session:
         env.update({contract.SESSION_ADDRESS: f"{host}:{port}",
                     contract.SESSION_KEY_FILE: str(key_file)})  # fmt: skip
         if found:
-            commands = self._host_commands(found, run_dir, script, env, port)
+            try:
+                commands = self._host_commands(found, run_dir, script, env, port)
+            except BaseException:
+                listener.close()
+                self._discard()
+                raise
             self._agents = agents = Agents.start(commands, dict(os.environ), self.nproc,
                                                  remote=True)  # fmt: skip
         else:
@@ -248,7 +256,8 @@ class Session:
         def interrupt(ranks: list[int]) -> None:
             pids: dict[str, list[int]] = {}
             for rank in ranks:
-                pids.setdefault(self.rank_hosts[rank], []).append(channel.pids[rank])
+                if self.rank_hosts[rank] != "?":  # no marker: its host is not known
+                    pids.setdefault(self.rank_hosts[rank], []).append(channel.pids[rank])
             hosts_module.interrupt_ranks(self.launcher, pids)
 
         channel.interrupt = interrupt
@@ -433,26 +442,28 @@ class Session:
         if self._last_cell[2] and stop is not None:
             where = ["Where the ranks were: " + self._last_positions(stacks=False)]
         if stop is not None and stop.lost is not None:
-            host = f" on host {self.rank_hosts[stop.lost]}" if self.rank_hosts else ""
-            codes = self._exit_codes()
+            if self.rank_hosts:  # the other hosts' ranks serve on: the kit stops them
+                codes = self._exit_codes(seconds=1.0)
+                lost = (f"{stop.reason} on host {self.rank_hosts[stop.lost]} ({codes}); the kit "
+                        "stopped every rank. ")  # fmt: skip
+            else:
+                codes = self._exit_codes()
+                lost = f"{stop.reason} ({codes}); torchrun then stopped every rank. "
             self._discard()
-            self.start()
-            lost = (f"{stop.reason}{host} ({codes}); torchrun then stopped every rank. "
-                    + RESTARTED)  # fmt: skip
-            return [lost, *filter(None, [diagnose.detail_crash_note(self.debug, codes)])]
+            self._start_again(lost)
+            return [lost + RESTARTED, *filter(None, [diagnose.detail_crash_note(self.debug,
+                                                                                codes)])]
         if stop is not None and stop.stuck:
             self._discard()  # stuck ranks cannot answer an exit message: stop them at once
-            self.start()
-            return [
-                f"{stop.reason} {span(stop.stuck).capitalize()} did not come back within "
-                f"{INTERRUPT_GRACE:g} s (a rank blocked in a collective only returns at its "
-                "collective_timeout). " + RESTARTED,
-                *where,
-            ]
+            said = (f"{stop.reason} {span(stop.stuck).capitalize()} did not come back within "
+                    f"{INTERRUPT_GRACE:g} s (a rank blocked in a collective only returns at its "
+                    "collective_timeout). ")  # fmt: skip
+            self._start_again(said)
+            return [said + RESTARTED, *where]
         notes = [stop.reason, *where] if stop is not None else where
         if diagnose.stalled(found):
             self._discard()  # the stalled rank is stuck inside torch: it cannot answer an exit
-            self.start()
+            self._start_again(" ".join(notes))
             return [*notes, RESTARTED_AFTER_STALL]
         if diagnose.hung(found):
             return [*notes, self._free_groups()]
@@ -468,8 +479,18 @@ class Session:
         if stop is None and not any(reply.failure for reply in replies.values()):
             return FREED_AFTER_HANG
         self._discard()
-        self.start()
+        self._start_again("A collective timed out.")
         return RESTARTED_AFTER_HANG
+
+    def _start_again(self, said: str) -> None:
+        """Start fresh ranks after `said`; if the hosts refuse (one is down), say both, with
+        the fix, as one SessionError."""
+        try:
+            self.start()
+        except LaunchConfigError as error:
+            raise SessionError(f"{said.rstrip()} The ranks could not start again: {error} "
+                               "Start them with %ranks start (session.start()) once every "
+                               "host answers.") from None  # fmt: skip
 
     def _targets(self, ranks: Iterable[int] | None) -> list[int]:
         if not self.running:
@@ -502,9 +523,10 @@ class Session:
             raise Interrupted(notes)
         raise SessionError(notes)
 
-    def _exit_codes(self) -> str:
+    def _exit_codes(self, seconds: float = CLOSE_GRACE) -> str:
+        """torchrun's exit code line, once the agents end (up to `seconds`)."""
         assert self._agents is not None
-        self._agents.wait(CLOSE_GRACE)
+        self._agents.wait(seconds)
         log = self._agents.log
         if "exitcode" in log:
             lines = [" ".join(line.split()) for line in log.splitlines() if "exitcode" in line]
