@@ -417,8 +417,8 @@ print(json.dumps(said))
     assert said["error"].startswith("Rank 2's process ended on host h2") or said[
         "error"].startswith("Rank 3's process ended on host h2"), said["error"]
     assert "the kit stopped every rank. The ranks could not start again: Host h2" in said["error"]
-    assert said["error"].endswith("Start them with %ranks start (session.start()) once every "
-                                  "host answers.")
+    assert said["error"].endswith("Once every host answers: session.start(), or %ranks start "
+                                  "with the same -n, --hosts and --launcher.")
     assert not said["running"]
     assert nothing_left(net) == {}
 

@@ -1,7 +1,7 @@
 """Notebook 28's choice of machines (kernel.hosts.lesson_machines), from DDP_KIT_HOSTS and
 DDP_KIT_LAUNCHER, and lose_this_node() refused outside a launch of several nodes. (The lesson
 itself runs under nbval on two nodes of this machine, and on network hosts over ssh and SLURM
-in tests/test_hosts.py.)"""
+in tests/test_hosts_lesson.py and tests/test_hosts_slurm.py.)"""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ class Channel:
         busy = sorted(pending.values())
         try:
             self.interrupt(busy)
-        except KeyboardInterrupt:  # a second stop while the hosts are told: they were
+        except KeyboardInterrupt:  # a second stop while the hosts are told (most, or all, were)
             pass
         grace = time.monotonic() + INTERRUPT_GRACE
         try:

@@ -207,8 +207,8 @@ def session_forward(socket_path: Path, port: int) -> list[str]:
     connect), forwarded through the ssh connection to the kernel's 127.0.0.1:`port`. ssh fails
     at once if the host refuses the forward (its sshd's AllowStreamLocalForwarding or
     DisableForwarding, or `restrict` / `no-port-forwarding` on the key). A path too long for
-    a Unix socket (SOCKET_PATH_MAX bytes) is refused, naming the fix. (The host's sshd keeps
-    the socket until the connection ends; the run directory goes with the session.)"""
+    a Unix socket (SOCKET_PATH_MAX bytes) is refused, naming the fix. (The socket file stays
+    until the run directory goes, with the session.)"""
     if len(os.fsencode(socket_path)) > SOCKET_PATH_MAX:
         raise LaunchConfigError(
             f"Live ranks on hosts need a Unix socket in the run directory, and {socket_path} is "

@@ -489,8 +489,8 @@ class Session:
             self.start()
         except LaunchConfigError as error:
             raise SessionError(f"{said.rstrip()} The ranks could not start again: {error} "
-                               "Start them with %ranks start (session.start()) once every "
-                               "host answers.") from None  # fmt: skip
+                               "Once every host answers: session.start(), or %ranks start "
+                               "with the same -n, --hosts and --launcher.") from None  # fmt: skip
 
     def _targets(self, ranks: Iterable[int] | None) -> list[int]:
         if not self.running:
