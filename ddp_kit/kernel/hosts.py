@@ -58,7 +58,6 @@ import json
 import math
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -216,14 +215,6 @@ def session_forward(socket_path: Path, port: int) -> list[str]:
             "shorter shared folder before starting the kernel."
         )
     return ["-R", f"{socket_path}:127.0.0.1:{port}", "-o", "ExitOnForwardFailure=yes"]
-
-
-def address_toward(address: str) -> str:
-    """This machine's own address on the way to `address` (the route's source address; a UDP
-    socket sends nothing to learn it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((address, 9))
-        return sock.getsockname()[0]
 
 
 def interrupt_ranks(launcher: str, pids_by_host: Mapping[str, list[int]]) -> None:
@@ -425,8 +416,11 @@ def remote_commands(hosts: list[Host], agent: list[str], runner: list[str], log_
     """ssh: one command per host. slurm: one srun, one task per node, each task picking its own
     line by its node's name (SLURMD_NODENAME). Each line runs the host's agent under
     `ddp_kit.rank.remote`, in the kernel's working directory, with `env` and the host's
-    interface, at the rendezvous on the first host. `node_env` adds variables to each host's
-    line, `ssh_extra` options to each host's ssh (a live session's channel)."""
+    interface, at the rendezvous on the first host. `env` is the ranks' whole environment, of
+    which each host is sent what `sent_env` says (with `given`, env=). `node_env` adds
+    variables to each host's line, `ssh_extra` options to each host's ssh (a live session's
+    channel)."""
+    env = sent_env(env, given or {})
     lines = node_lines(hosts, agent, runner, log_dir, env, run_id, join_timeout, given, node_env)
     remote = ["env", f"PYTHONPATH={env['PYTHONPATH']}", agent[0], "-m", "ddp_kit.rank.remote"]
     if launcher == "slurm":  # srun's task is the wrapper, its child the node's line

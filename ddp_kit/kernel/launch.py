@@ -248,10 +248,9 @@ class Job:
 
     def _host_commands(self, run_dir, script, environment: dict[str, str]) -> list[list[str]]:
         """The ssh command of each host: the ranks' environment as hosts_module.sent_env says."""
-        sent = hosts_module.sent_env(environment, self.env)
         agent = agent_argv(self.python, self.nproc, self.max_restarts, self.monitor_interval)
         return hosts_module.remote_commands(list(self.hosts), agent, runner_argv(script, self.args),
-                                            run_dir / contract.LOGS, sent, run_dir.name,
+                                            run_dir / contract.LOGS, environment, run_dir.name,
                                             self.timeout, self.launcher, self.env)  # fmt: skip
 
     def _node_notes(self, agents: Agents, outcome: AgentsOutcome) -> list[str]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from ..rank.probe import address_toward
 from ..shared import contract
 from ..shared.contract import Exit, Flush, FreeGroups, Pull, PullFailed, RunCell
 from ..shared.errors import CellError, Interrupted, LaunchConfigError, SessionError
@@ -179,7 +180,7 @@ class Session:
         key_file = self._channel.write_key(run_dir / contract.KEY_FILE)
         # Over ssh the kernel listens on 127.0.0.1 (each host's ranks come through its ssh); under
         # SLURM, on its address toward the nodes, never on every interface
-        toward = (hosts_module.address_toward(found[0].address)
+        toward = (address_toward(found[0].address)
                   if self.launcher == "slurm" else "127.0.0.1")  # fmt: skip
         listener = self._channel.listen(toward)
         host, port = listener.address
@@ -237,10 +238,9 @@ class Session:
                 socket_path = run_dir / f"channel-{node}.sock"
                 node_env.append({contract.SESSION_ADDRESS: str(socket_path)})
                 ssh_extra.append(hosts_module.session_forward(socket_path, port))
-        sent = hosts_module.sent_env(env, self.env)
         agent = agent_argv(self.python, self.nproc)
         return hosts_module.remote_commands(found, agent, runner_argv(script),
-                                            run_dir / contract.LOGS, sent, run_dir.name,
+                                            run_dir / contract.LOGS, env, run_dir.name,
                                             START_TIMEOUT, self.launcher, self.env,
                                             node_env, ssh_extra)  # fmt: skip
 

@@ -29,13 +29,19 @@ import socket
 import sys
 
 
+def address_toward(address: str) -> str:
+    """This machine's own address on the way to `address` (the route's source address; a UDP
+    socket sends nothing to learn it). The kernel uses it too (kernel.hosts)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((address, 9))
+        return sock.getsockname()[0]
+
+
 def own_address() -> str | None:
     """This host's address as the kernel reached it (see the module's docstring). Under srun,
     SSH_CONNECTION may be the kernel's own, sent along with its environment: srun comes first."""
     if os.environ.get("SLURMD_NODENAME") and os.environ.get("SLURM_SRUN_COMM_HOST"):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # sends nothing
-            sock.connect((os.environ["SLURM_SRUN_COMM_HOST"], 9))
-            return sock.getsockname()[0]
+        return address_toward(os.environ["SLURM_SRUN_COMM_HOST"])
     connection = os.environ.get("SSH_CONNECTION", "").split()
     return connection[2] if len(connection) == 4 else None
 
