@@ -5,6 +5,8 @@ plain start (notebook 25)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -155,7 +157,15 @@ def test_restarts_used_up_end_the_job_saying_how_many_were_made(tmp_path):
     with pytest.raises(WorkerError) as caught:
         train(tmp_path / "run", failing=2, max_restarts=1, monitor_interval=0.5)
     message, result = str(caught.value), caught.value.result
-    assert "rank 1 exited with code 1, after 1 restart(s) of every rank (max_restarts=1)" in message
+    # Rank 1's exit code is torchrun's to say: 1 as a rule; -15 when rank 0's lost collective
+    # ended first and torchrun sent the rest SIGTERM while rank 1 was still exiting (1 in 20
+    # runs beside two CPU hogs). The message must quote torchrun's summary, whichever it was.
+    said = re.search(r"rank 1 exited with code (-?\d+), after 1 restart\(s\) of every rank "
+                     r"\(max_restarts=1\)", message)  # fmt: skip
+    assert said, message
+    summary = r"rank\s+: 1 \(local_rank: 1\)\s+exitcode\s+: (-?\d+)"  # torchrun's, at the end
+    (entry,) = re.findall(summary, result.agent_log)
+    assert said.group(1) == entry
     assert result.restarts == 1 and len(result.notes) == 1
     assert [a.number for a in result.attempts] == [0, 1]
     assert all(any(f.rank == 1 for f in a.failures) for a in result.attempts)
