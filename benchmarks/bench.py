@@ -174,19 +174,21 @@ def fast_start(ranks: list[int], repeats: int, jobs: int, session_alone: bool = 
     return out
 
 
-def across_hosts(net, rate: str, repeats: int, sizes: list[int]) -> dict:
+def across_hosts(net, rate: str, repeats: int, sizes: list[int], fast: bool = True) -> dict:
     """A launch over two network hosts against one (workers/hosts_kernel.py, run as a kernel
     on host h0 of `net`, tests/hosts/netns.py): the trivial DDP job on h1 and h2 x 2 ranks
     against the same 4 ranks on h1 alone, and a DDP step as a live cell the same two ways,
     as ratios; and busbw of a 2-rank all-reduce across h2's link, shaped to `rate` (tc tbf,
     "100mbit") meanwhile, against that rate and against 2 ranks within h1. The largest size
     gives the busbw. The link stays shaped for every measurement: the two-host jobs and
-    cells cross it too."""
+    cells cross it too. fast: the fast start on the hosts (a fork server on each), or every
+    agent and rank a fresh Python (DDP_KIT_FAST_START=0)."""
     net.shape("h2", Shape(rate))
     try:
         command = [sys.executable, str(WORKERS / "hosts_kernel.py"), "h1", "h2", str(repeats),
                    *map(str, sizes)]  # fmt: skip
-        env = dict(os.environ, DDP_KIT_SSH_OPTIONS=f"-F {net.ssh.config}", DDP_KIT_PROGRESS="0")
+        env = dict(os.environ, DDP_KIT_SSH_OPTIONS=f"-F {net.ssh.config}", DDP_KIT_PROGRESS="0",
+                   DDP_KIT_FAST_START="1" if fast else "0")  # fmt: skip
         proc = net.popen("h0", *command, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)  # fmt: skip
         out, err = proc.communicate(timeout=600)
@@ -469,9 +471,11 @@ def report(res: dict) -> str:
                      f"printing cell {r['printing_cell_ms']:.1f} ms, "
                      f"DDP step cell {r['ddp_step_cell_ms']:.1f} ms, fresh launch "
                      f"{r['fresh_launch_s']:.2f} s: x{r['speedup']:.0f}")  # fmt: skip
-    if "hosts" in res:
-        r = res["hosts"]
-        lines.append("== two hosts (network namespaces, over ssh) against one ==")
+    for key, start in (("hosts", "fast start"), ("hosts_plain", "plain start")):
+        if key not in res:
+            continue
+        r = res[key]
+        lines.append(f"== two hosts (network namespaces, over ssh) against one, {start} ==")
         lines.append(f"trivial DDP job, 2 hosts x 2 ranks {r['two_hosts_s']:.2f} s, 1 host x 4 "
                      f"ranks {r['one_host_s']:.2f} s: ratio {r['ratio']:.2f}")  # fmt: skip
         lines.append(f"DDP step as a live cell, 2 hosts x 2 ranks "
@@ -538,7 +542,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.hosts:
         with network_hosts() as net:
-            res["hosts"] = across_hosts(net, args.link_rate, args.repeats, [1 << 10, 1 << 24])
+            for key, fast in (("hosts", True), ("hosts_plain", False)):
+                res[key] = across_hosts(net, args.link_rate, args.repeats, [1 << 10, 1 << 24],
+                                        fast)  # fmt: skip
     res["alpha_beta"] = alpha_beta(res["allreduce"])
     res["bare_failures"] = list(BARE_FAILURES)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,11 @@ session  a run whose ranks stay up between cells (Session, %ranks); a cell runs 
 cell     code sent to a session's ranks (%%ranks), or the code of a %%torchrun launch.
 record   a value a rank saved with worker.record(name, value, step), read back as Records.
 fork server  a process of the kernel's that has imported torch once and forks the agents and
-         ranks of a fast start (kernel.fast_start); DDP_KIT_FAST_START=0 turns it off.
-relay    what torchrun (or the kernel, for an agent) starts in a fast start: it hands its
-         command to the fork server and stands in for the forked process, passing signals on
-         and ending as it ends.
+         ranks of a fast start (kernel.fast_start); over hosts, one on each host for the
+         launch, started by rank.remote; DDP_KIT_FAST_START=0 turns it off.
+relay    what torchrun (or the kernel, for an agent; rank.remote, on a host) starts in a
+         fast start: it hands its command to the fork server and stands in for the forked
+         process, passing signals on and ending as it ends.
 
 Where each module runs (the path answers "does this run in the kernel or in the ranks?")
 -----------------------------------------------------------------------------------------
@@ -49,7 +50,7 @@ rank/     what runs below the kernel: agent (torchrun that dies with the kernel)
           safely), waits (a bound on waits torch ends late), where (a live cell's position);
           forkserver and relay (the fast start: the kernel starts the server and the agent's
           relay, torchrun the ranks' relays); on another host: probe (what the host runs) and
-          remote (the host's agent, ended when its ssh goes)
+          remote (the host's agent, and its fork server, ended when its ssh goes)
 shared/   what both sides read and write: contract (the seam: variables, run directory,
           messages), records, failures, markers, errors, processes
 

@@ -116,7 +116,7 @@ import torch
 import psutil
 from ddp_kit.worker import record
 
-record("forked", "ddp_kit.rank.forkserver" in " ".join(psutil.Process().parent().cmdline()))
+record("forked", "ddp_kit.rank.forkserver" in " ".join(psutil.Process().cmdline()))
 os.environ["TORCHDYNAMO_VERBOSE"] = os.environ.get("SET_IN_SCRIPT", "0")
 import torch._dynamo
 

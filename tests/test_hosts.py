@@ -79,13 +79,15 @@ def answer(net, code: str, timeout: float = 180, slurm=None) -> dict:
 
 JOB = """
 import os
+import psutil
 import torch
 import torch.distributed as dist
 from ddp_kit.worker import backend, record
 dist.init_process_group(backend())
 total = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(total)
-record("seen", [dist.get_rank(), os.environ["GLOO_SOCKET_IFNAME"], total.item()])
+forked = "ddp_kit.rank.forkserver" in " ".join(psutil.Process().cmdline())  # the server's
+record("seen", [dist.get_rank(), os.environ["GLOO_SOCKET_IFNAME"], total.item(), forked])
 print("sum", total.item())
 dist.destroy_process_group()
 """
@@ -101,8 +103,9 @@ print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "h
 """)
     assert seen["hosts"] == ["h1", "h1", "h2", "h2"]
     # every rank: its own rank, its host's interface, 1 + 2 + 3 + 4
-    assert seen["seen"] == [[0, "veth-h1", 10.0], [1, "veth-h1", 10.0],
-                            [2, "veth-h2", 10.0], [3, "veth-h2", 10.0]]  # fmt: skip
+    # (and each was forked by its host's fork server: the fast start, kernel.fast_start)
+    assert seen["seen"] == [[0, "veth-h1", 10.0, True], [1, "veth-h1", 10.0, True],
+                            [2, "veth-h2", 10.0, True], [3, "veth-h2", 10.0, True]]  # fmt: skip
     assert seen["stdout"] == ["sum 10.0\n"] * 4
     h2, h1 = seen["commands"]
     assert h2[0] == "ssh" and "h2" in h2 and "--rdzv-backend=c10d" in h2[-1]
@@ -111,18 +114,23 @@ print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "h
     assert nothing_left(net) == {}
 
 
-def test_a_failed_rank_is_named_with_its_host(net):
+@pytest.mark.parametrize("start", ["fast", "plain"])  # plain: every process a fresh Python
+def test_a_failed_rank_is_named_with_its_host(net, start):
     said = answer(net, """
 import json, time, ddp_kit
 from ddp_kit.shared.errors import WorkerError
 start = time.monotonic()
 try:
     failing = "from ddp_kit.worker import rank\\nif rank() == 3: raise ValueError('on purpose')"
-    ddp_kit.launch(failing, nproc=2, hosts="h1,h2", launcher="ssh", output="quiet")
+    ddp_kit.launch(failing, nproc=2, hosts="h1,h2", launcher="ssh", output="quiet",
+                   env={"DDP_KIT_FAST_START": "FAST"})
 except WorkerError as error:
     print(json.dumps({"message": str(error), "notes": error.result.notes,
-                      "seconds": time.monotonic() - start}))
-""")
+                      "seconds": time.monotonic() - start, "commands": error.result.commands}))
+""".replace("FAST", "1" if start == "fast" else "0"))
+    relayed = ["--fork-server" in word or "rank.relay" in word
+               for command in said["commands"] for word in command]  # fmt: skip
+    assert any(relayed) == (start == "fast")
     assert said["message"].startswith("Rank 3 failed with ValueError: on purpose")
     assert "Rank 3 ran on host h2 (ranks 2, 3)." in said["message"]
     # h1's ranks finished: its agent would wait in torchrun's exit barrier, 300 s

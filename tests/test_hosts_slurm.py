@@ -30,9 +30,10 @@ print(json.dumps({{"seen": [run.records.get("seen", 0, r) for r in range(4)], "h
                    "commands": run.commands}}))
 """, slurm=slurm)
     assert seen["hosts"] == ["h1", "h1", "h2", "h2"]  # the allocation's nodes, by SLURM
-    assert seen["seen"] == [[0, "veth-h1", 10.0], [1, "veth-h1", 10.0],
-                            [2, "veth-h2", 10.0], [3, "veth-h2", 10.0]]  # fmt: skip
-    (srun,) = seen["commands"]
+    assert seen["seen"] == [[0, "veth-h1", 10.0, True], [1, "veth-h1", 10.0, True],
+                            [2, "veth-h2", 10.0, True], [3, "veth-h2", 10.0, True]]  # fmt: skip
+    (srun,) = seen["commands"]  # each node's task starts a fork server there, for the launch
+    assert "--fork-server" in srun and '"ddp_kit.rank.relay", "ddp_kit.rank.agent"' in srun[-1]
     assert srun[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
                         "--nodelist=h1,h2", "--kill-on-bad-exit=1"]  # fmt: skip
     assert nothing_left(net) == {}

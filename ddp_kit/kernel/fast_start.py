@@ -1,4 +1,5 @@
-"""The fast start: torch is imported once per kernel, not once per agent and rank.
+"""The fast start: torch is imported once per kernel (and over hosts, once per host and launch),
+not once per agent and rank.
 
 A plain run starts a fresh Python for the agent and for every rank, and each imports torch
 (and, at DDP's first use, torch._dynamo): on 2 cores, 4 ranks spend most of their start-up
@@ -17,7 +18,9 @@ rank gets the relay's environment, working directory, argv and streams (rank.for
 what it is given, and what differs from a fresh process).
 
 When: on Linux, with the gloo backend on CPU, unless DDP_KIT_FAST_START=0. Otherwise (nccl,
-gloo on shared GPUs, macOS, Windows) every process starts plain, as before. A run on GPUs is
+gloo on shared GPUs, macOS, Windows) every process starts plain, as before. Over several hosts,
+each host's rank.remote starts a server of its own for the launch, in the kernel's place
+(kernel.hosts). A run on GPUs is
 left plain because the fast start is untested on a GPU and a GPU run gains little from it
 (the server itself imports no CUDA context: before each fork it checks that torch has not
 initialised CUDA). A relay falls back
@@ -34,23 +37,16 @@ process has ended.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import os
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
-from ..rank.forkserver import fixed_environment
+from ..rank.forkserver import ForkServer
 from ..shared import contract
 
-SERVER_MODULE = "ddp_kit.rank.forkserver"
 RELAY_MODULE = "ddp_kit.rank.relay"
 
 
@@ -84,80 +80,6 @@ def relay_command(command: list[str]) -> list[str]:
         if word == "-m" and i + 1 < len(command) and command[i + 1].startswith("ddp_kit.rank."):
             relayed.append(RELAY_MODULE)
     return relayed
-
-
-@dataclass
-class ForkServer:
-    """The kernel's handle on one fork server."""
-
-    proc: subprocess.Popen
-    folder: Path
-    fixed_env: dict[str, str]
-
-    @property
-    def socket(self) -> str:
-        return str(self.folder / "socket")
-
-    @classmethod
-    def start(cls, env: dict[str, str]) -> ForkServer | None:
-        """Start a server in `env`; None if it did not come up (the runs then start plain)."""
-        folder = Path(tempfile.mkdtemp(prefix="ddp_kit-forkserver-"))
-        log = open(folder / "server.log", "wb")  # noqa: SIM115  (the server writes it)
-        proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", SERVER_MODULE, str(folder / "socket"), str(os.getpid())],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            start_new_session=True,
-        )
-        log.close()
-        server = cls(proc, folder, fixed_environment(env))
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != b"listening":
-            server.stop()
-            return None
-        return server
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def serves(self, env: dict[str, str]) -> bool:
-        """Whether this server can fork the processes of a run with `env`."""
-        return self.alive() and fixed_environment(env) == self.fixed_env
-
-    def retire(self) -> None:
-        """No more new processes: the server ends once its last forked process has ended
-        (its folder is removed then, by a thread)."""
-        self._say_retire()
-        threading.Thread(target=self._clean_up, daemon=True).start()
-
-    def stop(self) -> None:
-        """Retire the server, wait for it to end, and remove its folder."""
-        self._say_retire()
-        self._clean_up()
-
-    def _say_retire(self) -> None:
-        """Said on its stdin, not by closing it alone: a fork of the kernel may hold the pipe."""
-        stdin = self.proc.stdin
-        if stdin is not None and not stdin.closed:
-            with contextlib.suppress(OSError):  # it has ended already
-                try:
-                    stdin.write(b"retire\n")
-                    stdin.flush()
-                finally:
-                    stdin.close()
-
-    def _clean_up(self) -> None:
-        self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def memory(self) -> dict[str, float]:
-        """The server's own memory, in MiB: resident, and unique (what ending it would free)."""
-        info = psutil.Process(self.proc.pid).memory_full_info()
-        return {"rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20}
 
 
 _server: ForkServer | None = None

@@ -43,6 +43,11 @@ itself, as many do, and the kit never relies on resolving names. torchrun's rend
 the nodes by that address (as text), not in the order of `hosts`: the result's `hosts` says
 where each rank ran.
 
+The fast start (kernel.fast_start) on each host: when a run would start fast on one machine
+(gloo on CPU), each host's `ddp_kit.rank.remote` starts a fork server there for the launch,
+which forks the host's agent and ranks behind their relays and retires when the agent ends:
+torch is imported once per host and launch. (A server that does not come up: plain starts.)
+
 How it ends: ssh (or srun) runs `python -m ddp_kit.rank.remote`, which stops the host's agent
 and ranks when its stdin ends. The kernel holds that stdin and never writes to it, so stopping
 the launch (timeout, interrupt) or the kernel killed end the host's processes. A host gone
@@ -66,8 +71,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..rank.remote import FORK_SERVER_FLAG
 from ..shared import contract
 from ..shared.errors import LaunchConfigError
+from . import fast_start
 from .torchrun import ranks_pythonpath
 
 LAUNCHERS = ("local", "ssh", "slurm")
@@ -419,10 +426,16 @@ def remote_commands(hosts: list[Host], agent: list[str], runner: list[str], log_
     interface, at the rendezvous on the first host. `env` is the ranks' whole environment, of
     which each host is sent what `sent_env` says (with `given`, env=). `node_env` adds
     variables to each host's line, `ssh_extra` options to each host's ssh (a live session's
-    channel)."""
+    channel). A run that starts fast on one host (fast_start.wanted: gloo on CPU) starts fast
+    on each host too: the wrapper starts a fork server there, for this launch, and the lines
+    run relays (rank.remote)."""
+    fast = fast_start.wanted(env)
     env = sent_env(env, given or {})
     lines = node_lines(hosts, agent, runner, log_dir, env, run_id, join_timeout, given, node_env)
     remote = ["env", f"PYTHONPATH={env['PYTHONPATH']}", agent[0], "-m", "ddp_kit.rank.remote"]
+    if fast:
+        lines = [fast_start.relay_command(line) for line in lines]
+        remote.append(FORK_SERVER_FLAG)
     if launcher == "slurm":  # srun's task is the wrapper, its child the node's line
         per_node = json.dumps({host.name: line for host, line in zip(hosts, lines, strict=True)})
         return [srun_argv([h.name for h in hosts], [*remote, "--per-node", per_node])]

@@ -9,7 +9,8 @@ The process chain (each link dies with the one above it: PDEATHSIG plus a watchd
 
 In a fast start (kernel.fast_start) each of these commands is started as a relay, `python -m
 ddp_kit.rank.relay ddp_kit.rank.agent ...`, and the process behind it is forked by the
-kernel's fork server; Agents holds the agents' relays.
+kernel's fork server (over hosts, by each host's: kernel.hosts); Agents holds the agents'
+relays (over hosts, their ssh or srun).
 
 The run directory's layout and the ranks' DDP_KIT_* variables are shared.contract's.
 """

@@ -6,7 +6,9 @@ it once, then forks an agent or a rank for each relay (rank.relay) that asks. to
 starts every rank: what it starts is a relay, which hands its command, environment, working
 directory and standard streams to this server, and stands in for the forked process: it
 passes signals on, and ends as the forked process ends. The kernel starts a server for the
-environment of its runs (kernel.fast_start).
+environment of its runs (kernel.fast_start). On a host of a launch over several hosts,
+rank.remote stands in for the kernel: it starts a server for its launch (KERNEL_PID is its
+own pid) and retires it when the agent ends; "the kernel" below is then rank.remote.
 
 Protocol: a Unix socket in a private folder (0700), a connection per forked process, lines of
 JSON
@@ -48,15 +50,23 @@ removing its folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
+
+SERVER_MODULE = "ddp_kit.rank.forkserver"  # this module, as `python -m` names it
 
 # Set per run by the kit or by torchrun for its workers; every other variable is read by
 # Python or torch at start-up, or may be, so it must equal the server's.
@@ -355,6 +365,98 @@ def preload() -> None:
         importlib.import_module(name)
     gc.collect()
     gc.freeze()
+
+
+@dataclass
+class ForkServer:
+    """A handle on one fork server, for the process that starts it: the kernel
+    (kernel.fast_start), or rank.remote on another host for the processes of one launch."""
+
+    proc: subprocess.Popen
+    folder: Path
+    fixed_env: dict[str, str]
+
+    @property
+    def socket(self) -> str:
+        return str(self.folder / "socket")
+
+    @classmethod
+    def start(cls, env: dict[str, str]) -> ForkServer | None:
+        """Start a server in `env`, watching this process; None if it did not come up (the
+        runs then start plain): its folder or process could not be made, or it ended before
+        it listened."""
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="ddp_kit-forkserver-"))
+        except OSError:  # no writable temporary folder
+            return None
+        try:
+            with open(folder / "server.log", "wb") as log:  # the server writes it
+                proc = subprocess.Popen(
+                    [sys.executable, "-u", "-m", SERVER_MODULE, str(folder / "socket"),
+                     str(os.getpid())],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                )  # fmt: skip
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        server = cls(proc, folder, fixed_environment(env))
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != b"listening":
+            server.stop()
+            return None
+        return server
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def serves(self, env: dict[str, str]) -> bool:
+        """Whether this server can fork the processes of a run with `env`."""
+        return self.alive() and fixed_environment(env) == self.fixed_env
+
+    def retire(self) -> None:
+        """No more new processes: the server ends once its last forked process has ended
+        (its folder is removed then, by a thread)."""
+        self._say_retire()
+        threading.Thread(target=self._clean_up, daemon=True).start()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Retire the server, wait for it to end (`timeout` seconds at most), and remove its
+        folder; whether it ended."""
+        self._say_retire()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        self._clean_up()
+        return True
+
+    def _say_retire(self) -> None:
+        """Said on its stdin, not by closing it alone: a fork of the kernel may hold the pipe."""
+        stdin = self.proc.stdin
+        if stdin is not None and not stdin.closed:
+            with contextlib.suppress(OSError):  # it has ended already
+                try:
+                    stdin.write(b"retire\n")
+                    stdin.flush()
+                finally:
+                    stdin.close()
+
+    def _clean_up(self) -> None:
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def memory(self) -> dict[str, float]:
+        """The server's own memory, in MiB: resident, and unique (what ending it would free)."""
+        import psutil  # the kernel's question: imported when asked
+
+        info = psutil.Process(self.proc.pid).memory_full_info()
+        return {"rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20}
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """`python -u -m ddp_kit.rank.relay MODULE ARGS`: `python -u -m MODULE ARGS`, forked by the fork
 server when it can (rank.forkserver: the protocol), run here when it cannot.
 
-The relay is what torchrun (for a rank) or the kernel (for an agent) starts in a fast start.
+The relay is what torchrun (for a rank) or the kernel (for an agent; rank.remote on a host of
+a launch over hosts) starts in a fast start.
 It sends the fork server its command, environment, working directory and fds 0-2, then
 stands in for the forked process, which is not its child:
 

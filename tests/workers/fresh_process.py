@@ -41,7 +41,7 @@ seen = {
     "torch_seed": torch.initial_seed(),
     "random": random.random(),
     "numpy_random": float(np.random.rand()),
-    "forked": "ddp_kit.rank.forkserver" in " ".join(psutil.Process().parent().cmdline()),
+    "forked": "ddp_kit.rank.forkserver" in " ".join(psutil.Process().cmdline()),  # the server's
 }
 print(json.dumps(seen), flush=True)
 print(f"stderr of rank {os.environ['RANK']}", file=sys.stderr, flush=True)
