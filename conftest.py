@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tools.cpu_profile"]  # --cpu: each test's CPU seconds (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parent
 ARTIFACTS = ROOT / os.environ.get("DDP_KIT_ARTIFACTS", "artifacts")
 

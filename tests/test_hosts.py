@@ -123,11 +123,11 @@ start = time.monotonic()
 try:
     failing = "from ddp_kit.worker import rank\\nif rank() == 3: raise ValueError('on purpose')"
     ddp_kit.launch(failing, nproc=2, hosts="h1,h2", launcher="ssh", output="quiet",
-                   env={"DDP_KIT_FAST_START": "FAST"})
+                   env={"DDP_KIT_FAST_START": "ONE_OR_ZERO"})
 except WorkerError as error:
     print(json.dumps({"message": str(error), "notes": error.result.notes,
                       "seconds": time.monotonic() - start, "commands": error.result.commands}))
-""".replace("FAST", "1" if start == "fast" else "0"))
+""".replace("ONE_OR_ZERO", "1" if start == "fast" else "0"))
     relayed = ["--fork-server" in word or "rank.relay" in word
                for command in said["commands"] for word in command]  # fmt: skip
     assert any(relayed) == (start == "fast")

@@ -77,8 +77,8 @@ def fork_server(command: list[str]) -> ForkServer | None:
     environment, this process's with the variables the command sets, but for DDP_KIT_NODE:
     lose_this_node() ends the processes that carry it, which are then the relays (whose end
     ends the processes forked for them), as in a fast start on one host. None if it did not
-    come up."""
-    if command[:1] != ["env"]:
+    come up, or this host is not Linux (kernel.fast_start: a fast start is Linux's alone)."""
+    if command[:1] != ["env"] or not sys.platform.startswith("linux"):
         return None
     assigned = itertools.takewhile(lambda word: "=" in word, command[1:])
     env = {**os.environ, **dict(word.split("=", 1) for word in assigned)}
