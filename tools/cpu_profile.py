@@ -1,25 +1,30 @@
 """`./kit test --cpu`: the CPU seconds each test costs, with everything it started.
 
-On 2 cores the suite is CPU-bound: its wall time is its CPU seconds over the cores, whatever
-the waits. `--durations` shows wall time, which a busy neighbour inflates; this shows the CPU
-that a test's processes used: its ranks, agents, fork servers, kernels, sshd and slurmd on the
-namespace hosts, and its own.
+On 2 cores the suite is CPU-bound: its wall time is close to its CPU seconds over the cores,
+whatever the waits. `--durations` shows wall time, which a busy neighbour inflates; this shows
+the CPU that a test's processes used: its ranks, agents, fork servers, kernels, sshd and
+slurmd on the namespace hosts, and its own.
 
 How: each pytest process (the controller, each xdist worker) moves itself into a cgroup of its
-own, and every process it starts lands there too, however far it is detached (a new session, a
-double fork). A test's CPU is the group's CPU from its setup to its teardown: a process left
-from an earlier test (a fork server) is counted in whichever test runs meanwhile. It needs
-Linux cgroups and the right to make a group (root, as CI runs): cgroup v2 (cpu.stat) or v1's
+own, made inside the one it was in, and every process it starts lands there too, however far
+it is detached (a new session, a double fork, a process reparented to init). A test's CPU is
+the group's CPU from its setup to its teardown: a process left from an earlier test (a fork
+server) is counted in whichever test runs meanwhile, and what runs between tests (collection,
+the controller) in none. It needs Linux cgroups that this user may write (root, where the
+cgroup mount is not read-only: not in an unprivileged container): cgroup v2 (cpu.stat) or v1's
 cpuacct controller (cpuacct.usage).
 
 The workers send each test's seconds to the controller in its teardown report
-(user_properties); the controller prints the 15 costliest tests, the 15 costliest files, and
-the total against the wall time and the cores (docs/testing.md).
+(user_properties; a --junitxml report shows them as a property); the controller prints the
+15 costliest tests, the 15 costliest files, and the total against the wall time and the cores.
+A whole-suite `./kit test --cpu` runs pytest twice (docs/testing.md), so it prints two such
+sections: the parallel phase's, then the timing phase's.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,17 +32,19 @@ from pathlib import Path
 
 import pytest
 
+from ddp_kit.kernel.torchrun import available_cores
+
 V2 = Path("/sys/fs/cgroup")
 V1 = Path("/sys/fs/cgroup/cpuacct")
-GROUP = "ddp-kit-cpu-profile"
 KEY = "cpu_s"  # in a teardown report's user_properties: the test's CPU seconds
 SHOWN = 15
-STARTED = pytest.StashKey[float]()
+REMOVE_SECONDS = 5.0
+CPU_AT_SETUP = pytest.StashKey[float]()
 
 
 def own_group(hierarchy: Path, controller: str) -> Path:
     """The cgroup this process is in now, in `hierarchy` (/proc/self/cgroup: "0::/path" for
-    v2, "N:cpu,cpuacct:/path" for v1's controller)."""
+    v2, "N:cpuacct:/path" or "N:cpu,cpuacct:/path" for v1's controller)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if controller in controllers.split(","):
@@ -46,57 +53,67 @@ def own_group(hierarchy: Path, controller: str) -> Path:
 
 
 def make_group(name: str) -> tuple[Path, Path, Callable[[], float]]:
-    """A cgroup for this process, with this process moved into it: the group, the one it left,
-    and how to read the group's CPU seconds."""
+    """A new cgroup inside this process's own, with this process moved into it: the group,
+    the one it left, and the reader of the group's CPU seconds."""
     if (V2 / "cgroup.controllers").exists():
-        left, group = own_group(V2, ""), V2 / GROUP / name
+        left = own_group(V2, "")
+        group = left / name
 
-        def seconds() -> float:
+        def cpu_seconds() -> float:
             for line in (group / "cpu.stat").read_text().splitlines():
                 if line.startswith("usage_usec "):
                     return int(line.split()[1]) / 1e6
             return 0.0
 
     elif (V1 / "cpuacct.usage").exists():
-        left, group = own_group(V1, "cpuacct"), V1 / GROUP / name
+        left = own_group(V1, "cpuacct")
+        group = left / name
 
-        def seconds() -> float:
+        def cpu_seconds() -> float:
             return int((group / "cpuacct.usage").read_text()) / 1e9
 
     else:
         raise OSError("no cgroup v2 and no cgroup v1 cpuacct under /sys/fs/cgroup")
-    group.mkdir(parents=True, exist_ok=True)
-    (group / "cgroup.procs").write_text(str(os.getpid()))
-    return group, left, seconds
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError:
+        group.rmdir()
+        raise
+    return group, left, cpu_seconds
 
 
 class CpuProfile:
-    def __init__(self, config) -> None:
-        self.config = config
-        name = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}"
+    """This pytest process's group, and the CPU seconds of each test (in the controller, of
+    every worker's tests)."""
+
+    def __init__(self) -> None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         try:
-            self.group, self.left, self.seconds = make_group(name)
+            self.group, self.left, self.cpu_seconds = make_group(
+                f"ddp-kit-cpu-{worker}-{os.getpid()}-{secrets.token_hex(3)}"
+            )
         except OSError as error:
             raise pytest.UsageError(
                 f"--cpu: {error}. It measures through a cgroup per pytest process: run it as "
-                "root on Linux (as CI does), or use --durations (wall time) instead."
+                "root on Linux, where the cgroup mount is writable (not in an unprivileged "
+                "container), or use --durations (wall time) instead."
             ) from error
         self.began = time.monotonic()
         self.per_test: dict[str, float] = {}
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_setup(self, item):
-        item.stash[STARTED] = self.seconds()
-        yield
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item) -> None:
+        item.stash[CPU_AT_SETUP] = self.cpu_seconds()
 
-    @pytest.hookimpl(hookwrapper=True)
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
-        outcome = yield
-        if call.when == "teardown" and STARTED in item.stash:
-            used = self.seconds() - item.stash[STARTED]
-            outcome.get_result().user_properties.append((KEY, used))
+        report = yield
+        if call.when == "teardown" and CPU_AT_SETUP in item.stash:
+            report.user_properties.append((KEY, self.cpu_seconds() - item.stash[CPU_AT_SETUP]))
+        return report
 
-    def pytest_runtest_logreport(self, report) -> None:  # in the controller: every worker's
+    def pytest_runtest_logreport(self, report) -> None:  # the controller gets every worker's
         if report.when == "teardown":
             for key, value in report.user_properties:
                 if key == KEY:
@@ -107,36 +124,44 @@ class CpuProfile:
             return
         wall = time.monotonic() - self.began
         total = sum(self.per_test.values())
-        cores = os.cpu_count() or 1
-        files: dict[str, float] = defaultdict(float)
-        for nodeid, seconds in self.per_test.items():
-            files[nodeid.split("::")[0]] += seconds
+        cores = available_cores()
+        per_file: dict[str, float] = defaultdict(float)
+        for nodeid, used in self.per_test.items():
+            per_file[nodeid.split("::")[0]] += used
         write = terminalreporter.write_line
         terminalreporter.section("CPU seconds (--cpu: tools/cpu_profile.py)")
         write(f"{total:.0f} CPU-s in the tests, over {wall:.0f} s of wall time: "
               f"{total / wall / cores:.0%} of {cores} cores")  # fmt: skip
-        write(f"the {SHOWN} costliest tests:")
-        for nodeid, seconds in sorted(self.per_test.items(), key=lambda x: -x[1])[:SHOWN]:
-            write(f"{seconds:8.1f}  {nodeid}")
-        write(f"the {SHOWN} costliest files:")
-        for path, seconds in sorted(files.items(), key=lambda x: -x[1])[:SHOWN]:
-            write(f"{seconds:8.1f}  {path}")
+        for what, costs in (("tests", self.per_test), ("files", per_file)):
+            write(f"the {SHOWN} costliest {what}:")
+            ranked = sorted(costs.items(), key=lambda entry: entry[1], reverse=True)
+            for name, used in ranked[:SHOWN]:
+                write(f"{used:8.1f}  {name}")
 
     def pytest_unconfigure(self, config) -> None:
-        """Back to the group this process came from, and its own removed once empty (a
-        process still in it keeps it)."""
+        """Back to the group this process came from, and its own removed once empty: a
+        process still ending there (a kernel's fork server) gets REMOVE_SECONDS; one that
+        outlives them keeps the group until it is removed by hand (rmdir)."""
+        deadline = time.monotonic() + REMOVE_SECONDS
         try:
             (self.left / "cgroup.procs").write_text(str(os.getpid()))
-            self.group.rmdir()
         except OSError:
-            pass
+            return
+        while True:
+            try:
+                self.group.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.1)
 
 
 def pytest_addoption(parser) -> None:
-    parser.addoption("--cpu", action="store_true",
-                     help="the CPU seconds of each test and its processes (tools/cpu_profile.py)")
+    what = "the CPU seconds of each test and its processes (tools/cpu_profile.py)"
+    parser.addoption("--cpu", action="store_true", help=what)
 
 
 def pytest_configure(config) -> None:
     if config.getoption("--cpu"):
-        config.pluginmanager.register(CpuProfile(config), "ddp_kit_cpu_profile")
+        config.pluginmanager.register(CpuProfile(), "ddp_kit_cpu_profile")
