@@ -87,8 +87,11 @@ class CpuProfile:
     """This pytest process's group, and the CPU seconds of each test (in the controller, of
     every worker's tests)."""
 
-    def __init__(self) -> None:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    def __init__(self, config) -> None:
+        # An xdist worker's config has its workerinput (not the environment: a pytest that a
+        # test starts inherits the worker's PYTEST_XDIST_WORKER, and is a controller).
+        self.worker = getattr(config, "workerinput", {}).get("workerid")
+        worker = self.worker or "main"
         try:
             self.group, self.left, self.cpu_seconds = make_group(
                 f"ddp-kit-cpu-{worker}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -120,7 +123,7 @@ class CpuProfile:
                     self.per_test[report.nodeid] = value
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if "PYTEST_XDIST_WORKER" in os.environ or not self.per_test:
+        if self.worker is not None or not self.per_test:
             return
         wall = time.monotonic() - self.began
         total = sum(self.per_test.values())
@@ -164,4 +167,4 @@ def pytest_addoption(parser) -> None:
 
 def pytest_configure(config) -> None:
     if config.getoption("--cpu"):
-        config.pluginmanager.register(CpuProfile(), "ddp_kit_cpu_profile")
+        config.pluginmanager.register(CpuProfile(config), "ddp_kit_cpu_profile")
