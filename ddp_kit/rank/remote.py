@@ -5,10 +5,10 @@ for it:
 - it exits with COMMAND's exit code once COMMAND ends (128 + N for a death by signal N);
 - `--per-node JSON` (under srun, one task per node): COMMAND is JSON[SLURMD_NODENAME];
 - `--fork-server` (the fast start, kernel.fast_start, on a CPU host): before COMMAND, it
-  starts a fork server (rank.forkserver) on this host for this launch, in the agent's
-  environment, and COMMAND's relays (`-m ddp_kit.rank.relay`) have it fork the agent and the
-  ranks: torch is imported once on the host, not once per process. Its environment is the
-  agent's, less DDP_KIT_NODE (`fork_server`). The server retires when COMMAND ends and ends
+  starts a fork server (rank.forkserver) on this host for this launch, and COMMAND's relays
+  (`-m ddp_kit.rank.relay`) have it fork the agent and the ranks: torch is imported once on
+  the host, not once per process. Its environment is the agent's, less DDP_KIT_NODE
+  (`fork_server`). The server retires when COMMAND ends and ends
   with the last process it forked, or is stopped SERVER_END_SECONDS later; if it does not
   come up, the relays start their processes plain;
 - when its stdin ends, it stops COMMAND with its ranks and exits. The kernel holds the other end
