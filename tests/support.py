@@ -1,5 +1,6 @@
 """What several test files need: the kit's processes started by THIS test run, a child
-Python process that behaves like a notebook kernel, and the wheel built from a copy.
+Python process that behaves like a notebook kernel, the wheel built from a copy, and the
+benchmark (benchmarks/bench.py, a script) as a module.
 
 Every process the kit starts inherits the environment, so this run's processes carry its
 marker (DDP_KIT_TEST_RUN, set by conftest.py); a notebook open in JupyterLab, another
@@ -8,6 +9,7 @@ checkout's session or a second test run has another marker or none, and is never
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -22,6 +24,7 @@ import psutil
 import ddp_kit
 
 WORKERS = Path(__file__).parent / "workers"  # the scripts the topic tests launch
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
 KIT_DIR = str(Path(ddp_kit.__file__).parent)
 
 RUN_MARKER = "DDP_KIT_TEST_RUN"
@@ -125,3 +128,11 @@ def build_wheel(directory: Path) -> Path:
                    check=True, capture_output=True)  # fmt: skip
     (wheel,) = directory.glob("ddp_kit-*.whl")
     return wheel
+
+
+def bench_module():
+    """benchmarks/bench.py, loaded as a module (it is a script, outside any package)."""
+    spec = importlib.util.spec_from_file_location("bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench

@@ -1,21 +1,14 @@
 """A tiny run of the benchmark: every section produces numbers and a plot."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from support import bench_module
 
 pytestmark = pytest.mark.torchrun
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
 
 
 @pytest.mark.slow
 def test_benchmark_smoke(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    res = bench.main(["--smoke", "--out", str(tmp_path)])
+    res = bench_module().main(["--smoke", "--out", str(tmp_path)])
     launch = res["launch"][2]
     assert launch["bare"] > 0 and launch["kit"] > 0 and launch["ratio"] > 0
     assert set(launch["kit_phases"]) >= {"torch import", "DDP construction", "teardown"}

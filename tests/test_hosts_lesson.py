@@ -5,10 +5,9 @@ tests/test_hosts.py."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from test_hosts import ROOT, nothing_left, run_lesson
+from support import bench_module
+from test_hosts import nothing_left, run_lesson
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
@@ -38,10 +37,7 @@ def test_the_benchmark_sets_two_hosts_against_one_and_the_link_against_its_rate(
     """./kit bench --hosts's section, on this module's hosts: a trivial job and a DDP step as
     a live cell on 2 hosts x 2 ranks against 4 ranks on one host, and busbw across h2's link
     shaped to 100 Mbit/s."""
-    spec = importlib.util.spec_from_file_location("bench", ROOT / "benchmarks" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    measured = bench.across_hosts(net, "100mbit", 1, [1 << 10, 4 << 20])
+    measured = bench_module().across_hosts(net, "100mbit", 1, [1 << 10, 4 << 20])
     assert measured["two_hosts_s"] > 0 and measured["one_host_s"] > 0
     assert measured["ratio"] == measured["two_hosts_s"] / measured["one_host_s"]
     assert measured["two_hosts_step_s"] > 0 and measured["one_host_step_s"] > 0

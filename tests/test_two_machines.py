@@ -6,6 +6,7 @@ in tests/test_hosts_lesson.py and tests/test_hosts_slurm.py.)"""
 from __future__ import annotations
 
 import pytest
+from support import bench_module
 
 from ddp_kit import worker
 from ddp_kit.kernel import hosts
@@ -93,13 +94,7 @@ def test_a_run_directory_too_deep_for_a_unix_socket_is_refused_naming_tmpdir(tmp
 
 
 def test_the_benchmarks_link_rate_is_read_as_tc_writes_it():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
-    spec = importlib.util.spec_from_file_location("bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module()
     assert bench.link_rate("100mbit") == ("100mbit", 12.5e6)
     assert bench.link_rate("1Gbit") == ("1gbit", 125e6)
     assert bench.link_rate("12500kbit") == ("12500kbit", 12500e3 / 8)

@@ -42,38 +42,42 @@ REMOVE_SECONDS = 5.0
 CPU_AT_SETUP = pytest.StashKey[float]()
 
 
-def own_group(hierarchy: Path, controller: str) -> Path:
-    """The cgroup this process is in now, in `hierarchy` (/proc/self/cgroup: "0::/path" for
-    v2, "N:cpuacct:/path" or "N:cpu,cpuacct:/path" for v1's controller)."""
+def own_group(root: Path, controller: str) -> Path:
+    """The cgroup this process is in now, under the hierarchy mounted at `root`
+    (/proc/self/cgroup: "0::/path" for v2, "N:cpuacct:/path" or "N:cpu,cpuacct:/path" for
+    v1's controller)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if controller in controllers.split(","):
-            return hierarchy / path.lstrip("/")
-    return hierarchy
+            return root / path.lstrip("/")
+    return root
+
+
+def hierarchy() -> tuple[Path, str]:
+    """The cgroup hierarchy that counts CPU here, and its controller's name as
+    /proc/self/cgroup writes it ("" for v2); OSError if there is none."""
+    if (V2 / "cgroup.controllers").exists():
+        return V2, ""
+    if (V1 / "cpuacct.usage").exists():
+        return V1, "cpuacct"
+    raise OSError("no cgroup v2 and no cgroup v1 cpuacct under /sys/fs/cgroup")
 
 
 def make_group(name: str) -> tuple[Path, Path, Callable[[], float]]:
     """A new cgroup inside this process's own, with this process moved into it: the group,
     the one it left, and the reader of the group's CPU seconds."""
-    if (V2 / "cgroup.controllers").exists():
-        left = own_group(V2, "")
-        group = left / name
+    root, controller = hierarchy()
+    left = own_group(root, controller)
+    group = left / name
 
-        def cpu_seconds() -> float:
-            for line in (group / "cpu.stat").read_text().splitlines():
-                if line.startswith("usage_usec "):
-                    return int(line.split()[1]) / 1e6
-            return 0.0
-
-    elif (V1 / "cpuacct.usage").exists():
-        left = own_group(V1, "cpuacct")
-        group = left / name
-
-        def cpu_seconds() -> float:
+    def cpu_seconds() -> float:
+        if controller == "cpuacct":
             return int((group / "cpuacct.usage").read_text()) / 1e9
+        for line in (group / "cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+        return 0.0
 
-    else:
-        raise OSError("no cgroup v2 and no cgroup v1 cpuacct under /sys/fs/cgroup")
     group.mkdir()
     try:
         (group / "cgroup.procs").write_text(str(os.getpid()))

@@ -449,21 +449,19 @@ class Session:
             else:
                 codes = self._exit_codes()
                 lost = f"{stop.reason} ({codes}); torchrun then stopped every rank. "
-            self._discard()
-            self._start_again(lost)
+            self._replace_ranks(lost)
             return [lost + RESTARTED, *filter(None, [diagnose.detail_crash_note(self.debug,
                                                                                 codes)])]
         if stop is not None and stop.stuck:
-            self._discard()  # stuck ranks cannot answer an exit message: stop them at once
             said = (f"{stop.reason} {span(stop.stuck).capitalize()} did not come back within "
                     f"{INTERRUPT_GRACE:g} s (a rank blocked in a collective only returns at its "
                     "collective_timeout). ")  # fmt: skip
-            self._start_again(said)
+            self._replace_ranks(said)  # stuck ranks cannot answer an exit message
             return [said + RESTARTED, *where]
         notes = [stop.reason, *where] if stop is not None else where
         if diagnose.stalled(found):
-            self._discard()  # the stalled rank is stuck inside torch: it cannot answer an exit
-            self._start_again(" ".join(notes))
+            # the stalled rank is stuck inside torch: it cannot answer an exit message
+            self._replace_ranks(" ".join(notes))
             return [*notes, RESTARTED_AFTER_STALL]
         if diagnose.hung(found):
             return [*notes, self._free_groups()]
@@ -478,13 +476,13 @@ class Session:
         replies, stop = self._channel.collect(everyone, quiet.write, self.cell_timeout)
         if stop is None and not any(reply.failure for reply in replies.values()):
             return FREED_AFTER_HANG
-        self._discard()
-        self._start_again("A collective timed out.")
+        self._replace_ranks("A collective timed out.")
         return RESTARTED_AFTER_HANG
 
-    def _start_again(self, said: str) -> None:
-        """Start fresh ranks after `said`; if the hosts refuse (one is down), say both, with
-        the fix, as one SessionError."""
+    def _replace_ranks(self, said: str) -> None:
+        """Stop the ranks at once (no exit message) and start fresh ones, after `said`; if the
+        hosts refuse (one is down), say both, with the fix, as one SessionError."""
+        self._discard()
         try:
             self.start()
         except LaunchConfigError as error:

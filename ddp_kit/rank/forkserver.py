@@ -423,16 +423,18 @@ class ForkServer:
         self._say_retire()
         threading.Thread(target=self._clean_up, daemon=True).start()
 
-    def stop(self, timeout: float | None = None) -> bool:
-        """Retire the server, wait for it to end (`timeout` seconds at most), and remove its
-        folder; whether it ended."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Retire the server, wait for it to end, and remove its folder. With `timeout`: what
+        it still runs after that many seconds (its forked processes, and theirs) is stopped
+        (SIGTERM, then SIGKILL), so nothing is left."""
         self._say_retire()
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            return False
+            from ..shared.processes import stop_tree  # psutil's walk: only when it is due
+
+            stop_tree(self.proc.pid)
         self._clean_up()
-        return True
 
     def _say_retire(self) -> None:
         """Said on its stdin, not by closing it alone: a fork of the kernel may hold the pipe."""

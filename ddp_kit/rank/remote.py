@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -88,11 +87,9 @@ def fork_server(command: list[str]) -> ForkServer | None:
 
 def end_server(server: ForkServer | None) -> None:
     """Retire the launch's fork server and wait for it to end with its forked processes;
-    after SERVER_END_SECONDS, stop what it still runs (and what they started) and remove its
-    folder, so nothing is left on the host."""
-    if server is not None and not server.stop(SERVER_END_SECONDS):
-        stop_tree(server.proc.pid)
-        shutil.rmtree(server.folder, ignore_errors=True)
+    after SERVER_END_SECONDS, what it still runs is stopped, so nothing is left on the host."""
+    if server is not None:
+        server.stop(SERVER_END_SECONDS)
 
 
 def leave(code: int) -> None:
