@@ -198,9 +198,9 @@ def lesson_machines(nnodes: int = 2) -> Machines:
 def ssh_argv(host: str, line: str, extra: Sequence[str] = ()) -> list[str]:
     """The ssh command that runs the shell command `line` on `host`: asking nothing
     (BatchMode), giving up on an unreachable host after CONNECT_SECONDS and on a silent one
-    after ALIVE_SECONDS x ALIVE_COUNT, no terminal, IPv4, then the `extra` options (a live
-    session's forward). ssh keeps an option's first value: the kit's come before
-    DDP_KIT_SSH_OPTIONS, which adds others."""
+    after about (ALIVE_COUNT + 1) x ALIVE_SECONDS, 20 s, no terminal, IPv4, then the `extra`
+    options (a live session's forward). ssh keeps an option's first value: the kit's come
+    before DDP_KIT_SSH_OPTIONS, which adds others."""
     kit = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_SECONDS}",
            "-o", f"ServerAliveInterval={ALIVE_SECONDS}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
            "-o", "AddressFamily=inet", "-T", *extra]  # fmt: skip
