@@ -116,16 +116,23 @@ def lose_this_node() -> None:
 
     Only in a launch of several nodes (DDP_KIT_NODE set): the node's processes are those whose
     environment holds this run's marker folder and this node's index (on another host, the
-    host's own processes; in a fast start, the relays, whose end ends the forked processes)."""
+    host's own processes). In a fast start, the fork server kills those it forked first, and
+    answers once it has: the relays' end would make it kill them too, but later, and a rank
+    left running a moment could see this one's end and report it."""
     import signal
 
     import psutil
+
+    from .rank.forkserver import end_children
 
     node, markers = os.environ.get(contract.NODE), os.environ.get(contract.MARKER_DIR)
     if node is None or markers is None:
         raise RuntimeError("lose_this_node() ends one node of several: launch with nnodes=2 "
                            "(or hosts=) under the kit.")  # fmt: skip
     mine = {contract.NODE: node, contract.MARKER_DIR: markers}
+    server = os.environ.get(contract.FORK_SERVER)
+    if server:
+        end_children(server, mine, spare=os.getpid())
     for process in psutil.process_iter():
         try:
             environ = process.environ()

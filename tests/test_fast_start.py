@@ -172,6 +172,60 @@ def test_a_killed_relay_ends_its_forked_process():
     assert wait_until_gone(15) == []
 
 
+NODES_KERNEL = (
+    KERNEL_SIGINT
+    + """
+import sys, ddp_kit
+print("READY", flush=True)
+# each rank leaves NODE-PID in the folder, then holds the GIL: no thread of its own can run
+ddp_kit.launch("import ctypes, os, pathlib, sys\\n"
+               "pathlib.Path(sys.argv[1], os.environ['DDP_KIT_NODE'] + '-' + str(os.getpid()))"
+               ".touch()\\nctypes.PyDLL(None).sleep(60)", nproc=2, nnodes=2, args=[sys.argv[1]])
+"""
+)
+
+
+def test_the_server_ends_one_nodes_forked_processes_at_once_but_the_caller(tmp_path):
+    """lose_this_node's request (forkserver.end_children): the node's forked agent and ranks
+    get SIGKILL from the server before it answers, the caller is spared, the other node's stay."""
+    from ddp_kit.rank.forkserver import end_children
+
+    kernel = subprocess.Popen([sys.executable, "-c", NODES_KERNEL, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert kernel.stdout.readline().strip() == "READY"
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 4:
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.1)
+        ranks = {}  # node -> its ranks' pids, the forked processes
+        for path in tmp_path.iterdir():
+            node, pid = path.name.split("-")
+            ranks.setdefault(node, []).append(int(pid))
+        server = next(p for p in psutil.Process(kernel.pid).children()
+                      if "ddp_kit.rank.forkserver" in " ".join(p.cmdline()))  # fmt: skip
+        agents = {p.pid for p in server.children()} - {*ranks["0"], *ranks["1"]}
+        relay = next(p for p in psutil.Process(kernel.pid).children(recursive=True)
+                     if p.environ().get(contract.NODE) == "1")  # fmt: skip
+        node_1 = {k: relay.environ()[k] for k in (contract.NODE, contract.MARKER_DIR)}
+        socket_path = relay.environ()[contract.FORK_SERVER]
+        assert end_children(socket_path, {**node_1, contract.NODE: "7"}, spare=0) == []
+        caller, other = ranks["1"]
+        ended = end_children(socket_path, node_1, spare=caller)
+        assert len(ended) == 2 and other in ended and set(ended) - {other} <= agents
+        deadline = time.monotonic() + 5  # the server reaps them
+        while any(map(psutil.pid_exists, ended)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(psutil.pid_exists, ended))
+        # node 0's stay (the caller was not sent it, but its relay ends with node 1's agent)
+        assert all(map(psutil.pid_exists, [*ranks["0"], *(agents - set(ended))]))
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert wait_until_gone(15) == []
+    assert end_children(socket_path, node_1, spare=0) is None  # no server listens there now
+
+
 def test_loading_the_extension_starts_the_server_that_a_default_run_uses():
     from IPython.core.interactiveshell import InteractiveShell
 

@@ -21,6 +21,11 @@ JSON
     server -> relay  {"exit": C}          the child ended with exit code C,
                      {"signal": S}        or was killed by signal S: the relay ends the same way
 
+    caller -> server {"end": {VAR: VALUE}, "spare": PID}
+                                          SIGKILL, now, to each child whose environment has
+                                          these values, but PID (worker.lose_this_node)
+    server -> caller {"ended": [PIDS]}    sent once every one of them has been sent it
+
 Messages may arrive in any order after the request. When a relay's end of the connection
 closes (the relay died), the server sends its child SIGKILL (once it is not reading another
 relay's request: REQUEST_SECONDS per receive, and a relay sends its request at once), and so
@@ -149,6 +154,7 @@ def send(conn: socket.socket, message: dict) -> None:
 
 
 REQUEST_KEYS = {"module", "argv", "orig_argv", "env", "cwd"}
+END_KEYS = {"end", "spare"}
 
 
 def receive_request(conn: socket.socket, fds: list[int]) -> dict:
@@ -164,9 +170,30 @@ def receive_request(conn: socket.socket, fds: list[int]) -> dict:
             raise ConnectionError("the relay closed the connection")
         data += more
     request = json.loads(data)
-    if not isinstance(request, dict) or REQUEST_KEYS - request.keys():
-        raise ValueError(f"a request needs {sorted(REQUEST_KEYS)}")
+    if not isinstance(request, dict) or (REQUEST_KEYS - request.keys() and
+                                         END_KEYS - request.keys()):  # fmt: skip
+        raise ValueError(f"a request needs {sorted(REQUEST_KEYS)} or {sorted(END_KEYS)}")
     return request
+
+
+def end_children(path: str, match: dict[str, str], spare: int) -> list[int] | None:
+    """Ask the server at `path` to SIGKILL each process it forked whose environment has the
+    values in `match`, but `spare`: the pids it was sent to, or None if the server did not
+    answer (not listening: retired, or ended)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(REQUEST_SECONDS)
+            conn.connect(path)
+            conn.sendall((json.dumps({"end": match, "spare": spare}) + "\n").encode())
+            answer = b""
+            while not answer.endswith(b"\n"):
+                more = conn.recv(4096)
+                if not more:
+                    return None
+                answer += more
+        return json.loads(answer)["ended"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 @dataclass
@@ -199,6 +226,7 @@ class Server:
         self.path = path
         self.kernel = kernel
         self.children: dict[int, socket.socket] = {}
+        self.environments: dict[int, dict[str, str]] = {}  # each child's, as its relay sent it
         self.selector = selectors.DefaultSelector()
         self.retired = False
         self.started_in = dict(os.environ)
@@ -260,7 +288,11 @@ class Server:
             conn.settimeout(REQUEST_SECONDS)
             request = receive_request(conn, fds)
             conn.settimeout(None)
-            why = why_not_fork(request, self.started_in)
+            if "end" in request:
+                send(conn, {"ended": self._end(request["end"], request["spare"])})
+                why = "ended"  # not a relay: no fork, and the connection closes below
+            else:
+                why = why_not_fork(request, self.started_in)
             if why is None and len(fds) != 3:
                 why = "the relay did not send its standard streams"
             pid = -1 if why is not None else os.fork()
@@ -275,10 +307,12 @@ class Server:
         for fd in fds:
             os.close(fd)
         if pid == -1:
-            send(conn, {"plain": why})
+            if why != "ended":
+                send(conn, {"plain": why})
             conn.close()
             return None
         self.children[pid] = conn
+        self.environments[pid] = request["env"]
         self.selector.register(conn, selectors.EVENT_READ, pid)
         send(conn, {"pid": pid})
         return None
@@ -292,6 +326,18 @@ class Server:
         except ProcessLookupError:
             pass
 
+    def _end(self, match: dict[str, str], spare: int) -> list[int]:
+        """SIGKILL to each living child whose environment has the values in `match`, but
+        `spare`: the pids it was sent to. SIGKILL is not caught: each ends with no report and
+        no word to its peers, before it runs again."""
+        ended = []
+        for pid, env in self.environments.items():
+            if pid != spare and all(env.get(k) == v for k, v in match.items()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    ended.append(pid)
+        return ended
+
     def _become_child(self, request: dict, fds: list[int], conn: socket.socket) -> Child:
         """In the forked child: become the process the relay would have started."""
         os.setsid()
@@ -301,6 +347,7 @@ class Server:
         for other in self.children.values():
             other.close()
         self.children.clear()
+        self.environments.clear()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -327,6 +374,7 @@ class Server:
             if pid == 0:
                 return
             conn = self.children.pop(pid, None)
+            self.environments.pop(pid, None)
             if conn is None:
                 continue
             try:

@@ -74,9 +74,10 @@ def main() -> None:
 def fork_server(command: list[str]) -> ForkServer | None:
     """A fork server for `command` (`env NAME=VALUE ... AGENT...`): in the agent's
     environment, this process's with the variables the command sets, but for DDP_KIT_NODE:
-    lose_this_node() ends the processes that carry it, which are then the relays (whose end
-    ends the processes forked for them), as in a fast start on one host. None if it did not
-    come up, or this host is not Linux (kernel.fast_start: a fast start is Linux's alone)."""
+    lose_this_node() kills the processes whose environment, as /proc shows it, carries it,
+    which are then the relays, not the server (it asks the server to end what it forked for
+    the node), as in a fast start on one host. None if it did not come up, or this host is
+    not Linux (kernel.fast_start: a fast start is Linux's alone)."""
     if command[:1] != ["env"] or not sys.platform.startswith("linux"):
         return None
     assigned = itertools.takewhile(lambda word: "=" in word, command[1:])
