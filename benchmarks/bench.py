@@ -72,7 +72,7 @@ def bare_torchrun(
 def kit_launch(script: Path, nproc: int, args: list[str]) -> tuple[float, str]:
     """Run `script` through ddp_kit.launch; return (seconds, rank 0's stdout)."""
     start = time.time()
-    result = ddp_kit.launch(script, nproc, output="quiet", env={"BENCH_ARGS": " ".join(args)})
+    result = ddp_kit.launch(script, nproc, output="quiet", args=args)
     return time.time() - start, result.stdout[0]
 
 

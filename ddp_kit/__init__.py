@@ -52,7 +52,8 @@ rank/     what runs below the kernel: agent (torchrun that dies with the kernel)
           relay, torchrun the ranks' relays); on another host: probe (what the host runs) and
           remote (the host's agent, and its fork server, ended when its ssh goes)
 shared/   what both sides read and write: contract (the seam: variables, run directory,
-          messages), records, failures, markers, errors, processes
+          messages), records, failures, markers, errors, processes, torch_build (torch's
+          version and GPU count, without importing it where that can be told)
 
 Modules that run in a rank never import kernel/ (a test checks it), and importing ddp_kit
 imports nothing else: the public names below load on first use.

@@ -1,5 +1,8 @@
 """Backend choice: gloo on CPU by default, nccl only with one GPU per rank."""
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -7,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import Backend, _get_default_timeout
 
 from ddp_kit import LaunchConfigError, choose_backend
+from ddp_kit.shared import torch_build
 
 
 def test_no_gpu_means_gloo_on_cpu():
@@ -81,3 +85,44 @@ def test_the_ranks_learn_the_device_kind_and_gpu_runs_start_plain(monkeypatch, t
     assert not worker._on_cuda()
     monkeypatch.setenv(contract.BACKEND, "nccl")
     assert worker._on_cuda() and worker.backend() == "cpu:gloo,cuda:nccl"
+
+
+
+VERSION_FILE = """from typing import Optional
+__version__ = '9.9.9'
+cuda: Optional[str] = {cuda}
+hip: Optional[str] = {hip}
+"""
+ASK = ("import sys; from ddp_kit.shared import torch_build; "
+       "print(torch_build.cuda_device_count(), torch_build.version(), 'torch' in sys.modules)")
+
+
+@pytest.mark.parametrize(("cuda", "hip"), [("None", "None"), ("'13.0'", "None"),
+                                           ("None", "'6.2'")])  # fmt: skip
+def test_a_torch_built_for_cpu_only_has_no_gpu_to_count_and_is_not_imported(tmp_path, cuda, hip):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "raise SystemExit('torch was imported')\n" if cuda == hip == "None" else
+        "__version__ = '9.9.9'\nclass cuda:\n    device_count = staticmethod(lambda: 3)\n"
+    )  # fmt: skip
+    (fake / "version.py").write_text(VERSION_FILE.format(cuda=cuda, hip=hip))
+    done = subprocess.run([sys.executable, "-c", ASK], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60)  # fmt: skip
+    if cuda == hip == "None":
+        assert done.stdout.split() == ["0", "9.9.9", "False"], done.stderr
+    elif any(map(os.path.exists, torch_build.GPU_DEVICE_FILES)):  # a GPU build: torch is asked
+        assert done.stdout.split() == ["3", "9.9.9", "True"], done.stderr
+    else:  # no GPU device file here: none to count, whatever the build
+        assert done.stdout.split() == ["0", "9.9.9", "False"], done.stderr
+
+
+def test_a_kernel_learns_this_torchs_gpus_and_version_without_importing_a_cpu_build():
+    done = subprocess.run([sys.executable, "-c", ASK], capture_output=True, text=True, timeout=60)
+    import torch
+
+    imported = not (torch.version.cuda is None and torch.version.hip is None) and any(
+        map(os.path.exists, torch_build.GPU_DEVICE_FILES)
+    )
+    said = [str(torch.cuda.device_count()), torch.__version__, str(imported)]
+    assert done.stdout.split() == said, done.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_kit.rank import probe
+from ddp_kit.shared import torch_build
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def test_the_probe_names_the_torch_import_would_find_and_what_it_lacks(tmp_path)
 
 
 def test_without_a_gpu_device_the_version_is_read_and_torch_not_imported(tmp_path):
-    if any(map(os.path.exists, probe.GPU_DEVICE_FILES)):
+    if any(map(os.path.exists, torch_build.GPU_DEVICE_FILES)):
         pytest.skip("a GPU device file is here: the probe imports torch (the test above)")
     fake = tmp_path / "torch"
     fake.mkdir()

@@ -1,14 +1,14 @@
-"""Time gloo all_reduce for each message size given (bytes) in BENCH_ARGS."""
+"""Time gloo all_reduce for each message size given (bytes) as an argument."""
 
 import json
-import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
-sizes = [int(s) for s in os.environ["BENCH_ARGS"].split()]
+sizes = [int(s) for s in sys.argv[1:]]
 seconds = []
 for size in sizes:
     tensor = torch.ones(size // 4)

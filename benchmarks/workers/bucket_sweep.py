@@ -1,10 +1,10 @@
 """Exposed communication per step against bucket_cap_mb, measured beside the overhead model
 of costmodel.exposed_communication, on gloo alone and on the emulated links of
-ddp_kit.link. BENCH_ARGS: steps per point, then the caps in MiB. Notebook 22's model."""
+ddp_kit.link. Arguments: steps per point, then the caps in MiB. Notebook 22's model."""
 
 import json
-import os
 import statistics
+import sys
 import time
 
 import torch
@@ -15,7 +15,7 @@ from ddp_kit.costmodel import exposed_communication
 from ddp_kit.link import LINKS, EmulatedLink, slow_link_hook
 from ddp_kit.toy import make_wide_model
 
-steps, *caps = os.environ["BENCH_ARGS"].split()
+steps, *caps = sys.argv[1:]
 steps, caps = int(steps), [float(c) for c in caps]
 dist.init_process_group("gloo")
 torch.manual_seed(dist.get_rank())

@@ -20,7 +20,7 @@ def job(script: str, nproc: int, hosts: list[str], args: list[str] = ()) -> tupl
     """Seconds of one launch over ssh, and rank 0's stdout."""
     start = time.perf_counter()
     run = ddp_kit.launch(WORKERS / script, nproc, hosts=hosts, launcher="ssh", output="quiet",
-                         env={"BENCH_ARGS": " ".join(args)})  # fmt: skip
+                         args=list(args))  # fmt: skip
     return time.perf_counter() - start, run.stdout[0]
 
 

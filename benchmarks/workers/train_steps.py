@@ -1,7 +1,7 @@
-"""Steps per second of TinyNet under DDP; BENCH_ARGS = per-rank batch, steps."""
+"""Steps per second of TinyNet under DDP; arguments: per-rank batch, steps."""
 
 import json
-import os
+import sys
 import time
 
 import torch
@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_kit.toy import make_model
 
 dist.init_process_group("gloo")
-batch, steps = (int(v) for v in os.environ["BENCH_ARGS"].split())
+batch, steps = (int(v) for v in sys.argv[1:])
 model = DDP(make_model())
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(batch, 4), torch.randn(batch, 1)

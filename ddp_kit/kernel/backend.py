@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from ..shared import contract
+from ..shared.torch_build import cuda_device_count
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -30,13 +31,6 @@ class BackendChoice:
     device: str
     reason: str
     fallback: bool = False
-
-
-def cuda_device_count() -> int:
-    """How many CUDA GPUs this machine has (0 without CUDA)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def shared_gpu_wanted() -> bool:

@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..rank.remote import FORK_SERVER_FLAG
-from ..shared import contract
+from ..shared import contract, torch_build
 from ..shared.errors import LaunchConfigError
 from . import fast_start
 from .torchrun import ranks_pythonpath
@@ -368,9 +368,7 @@ def sent_env(ranks: Mapping[str, str], given: Mapping[str, str]) -> dict[str, st
 def check_alike(answers: Mapping[str, dict], needed: list[str]) -> None:
     """Refuse hosts whose Python, torch or kit differ from the kernel's, that do not see a path
     of `needed`, that did not say their address, or that are one machine under two names."""
-    import torch
-
-    mine = {"python": sys.version.split()[0], "torch": torch.__version__,
+    mine = {"python": sys.version.split()[0], "torch": torch_build.version(),
             "kit": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
     for name, answer in answers.items():
         for key, value in mine.items():

@@ -14,19 +14,20 @@ hosts (kernel.hosts), in one line of JSON on stdout:
                          filesystem that every host shares (as clusters have), same paths
     port                 a TCP port free on `address` now (the first host's is the rendezvous's)
     gpus                 the CUDA GPUs this host's torch sees
-                         (The probe imports torch only where a GPU may be: a host with no GPU
-                         device file answers from torch/version.py, in a tenth of the time.)
+                         (The probe imports torch only where a GPU may be: on a host with no
+                         GPU device file, or a torch built for CPU only, shared.torch_build
+                         answers from torch/version.py, in a tenth of the time.)
     node                 the node's name under srun (SLURMD_NODENAME), else null
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import runpy
 import socket
 import sys
+
+from ..shared import torch_build
 
 
 def address_toward(address: str) -> str:
@@ -46,24 +47,6 @@ def own_address() -> str | None:
     return connection[2] if len(connection) == 4 else None
 
 
-# The device files of a GPU that torch.cuda can count: NVIDIA's, AMD's (ROCm) and WSL's
-GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
-
-
-def torch_version_and_gpus() -> tuple[str, int]:
-    """torch.__version__ and torch.cuda.device_count() of the torch `import torch` finds. With
-    no GPU device file, no GPU can be counted: the version is read from that torch's
-    version.py (torch/__init__.py's comes from it, through torch_version.py), without
-    importing torch (2 CPU s)."""
-    spec = importlib.util.find_spec("torch")  # finds the package; runs none of it
-    version_file = os.path.join(os.path.dirname(spec.origin or ""), "version.py") if spec else ""
-    if os.path.isfile(version_file) and not any(map(os.path.exists, GPU_DEVICE_FILES)):
-        return runpy.run_path(version_file)["__version__"], 0
-    import torch
-
-    return torch.__version__, torch.cuda.device_count()
-
-
 def facts(paths: list[str]) -> dict:
     import psutil
 
@@ -75,17 +58,16 @@ def facts(paths: list[str]) -> dict:
     with socket.socket() as sock:
         sock.bind((address or "127.0.0.1", 0))
         port = sock.getsockname()[1]
-    torch_version, gpus = torch_version_and_gpus()
     return {
         "python": sys.version.split()[0],
-        "torch": torch_version,
+        "torch": torch_build.version(),
         "kit": os.path.dirname(os.path.realpath(ddp_kit.__file__)),
         "executable": sys.executable,
         "address": address,
         "interfaces": {k: v for k, v in interfaces.items() if v},
         "missing": [path for path in paths if not os.path.exists(path)],
         "port": port,
-        "gpus": gpus,
+        "gpus": torch_build.cuda_device_count(),
         "node": os.environ.get("SLURMD_NODENAME"),
     }
 
