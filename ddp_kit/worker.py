@@ -118,7 +118,8 @@ def lose_this_node() -> None:
     environment holds this run's marker folder and this node's index (on another host, the
     host's own processes). In a fast start, the fork server kills those it forked first, and
     answers once it has: the relays' end would make it kill them too, but later, and a rank
-    left running a moment could see this one's end and report it."""
+    left running a moment could see this one's end and report it. (A server that has retired,
+    or does not answer within 2 s, leaves them to the relays' end, as before.)"""
     import signal
 
     import psutil

@@ -65,6 +65,18 @@ def test_a_forked_rank_ends_and_is_reported_as_a_fresh_one(ending):
     assert messages[0] == messages[1]
 
 
+def test_a_debug_level_is_the_runs_own_and_needs_no_server_of_its_own():
+    default = probe()
+    server = fast_start.current()
+    detail = probe({"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert fast_start.current() is server  # debug= is per run (forkserver.PER_RUN)
+    plain = probe({**PLAIN, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert [r["forked"] for r in detail] == [True, True]
+    assert [r["debug_level"] for r in default] == ["DebugLevel.OFF"] * 2
+    assert [r["debug_level"] for r in detail] == [r["debug_level"] for r in plain]
+    assert [r["debug_level"] for r in detail] == ["DebugLevel.DETAIL"] * 2
+
+
 def test_a_run_in_another_environment_gets_a_server_of_its_own():
     ddp_kit.launch("pass", nproc=1, output="quiet")
     first = fast_start.current()
@@ -185,6 +197,14 @@ ddp_kit.launch("import ctypes, os, pathlib, sys\\n"
 )
 
 
+def environ(process: psutil.Process) -> dict[str, str]:
+    """A process's environment, or none if it ended meanwhile."""
+    try:
+        return process.environ()
+    except psutil.Error:
+        return {}
+
+
 def test_the_server_ends_one_nodes_forked_processes_at_once_but_the_caller(tmp_path):
     """lose_this_node's request (forkserver.end_children): the node's forked agent and ranks
     get SIGKILL from the server before it answers, the caller is spared, the other node's stay."""
@@ -206,7 +226,7 @@ def test_the_server_ends_one_nodes_forked_processes_at_once_but_the_caller(tmp_p
                       if "ddp_kit.rank.forkserver" in " ".join(p.cmdline()))  # fmt: skip
         agents = {p.pid for p in server.children()} - {*ranks["0"], *ranks["1"]}
         relay = next(p for p in psutil.Process(kernel.pid).children(recursive=True)
-                     if p.environ().get(contract.NODE) == "1")  # fmt: skip
+                     if environ(p).get(contract.NODE) == "1")  # fmt: skip
         node_1 = {k: relay.environ()[k] for k in (contract.NODE, contract.MARKER_DIR)}
         socket_path = relay.environ()[contract.FORK_SERVER]
         assert end_children(socket_path, {**node_1, contract.NODE: "7"}, spare=0) == []

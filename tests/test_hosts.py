@@ -197,6 +197,7 @@ def test_a_host_with_another_torch_is_refused_before_anything_starts(net, tmp_pa
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text(  # a version, and no GPU
         "__version__ = '0.0.1'\nclass cuda:\n    device_count = staticmethod(lambda: 0)\n"
+        "    is_available = staticmethod(lambda: False)\n"
     )
     python = tmp_path / "python"  # the same Python, finding another torch first
     python.write_text(f"#!/bin/sh\nPYTHONPATH={fake}:$PYTHONPATH exec {PYTHON} \"$@\"\n")

@@ -48,6 +48,7 @@ def test_a_torch_without_version_py_is_imported_and_asked(tmp_path):
     fake.mkdir()
     (fake / "__init__.py").write_text(
         "__version__ = '0.0.1'\nclass cuda:\n    device_count = staticmethod(lambda: 3)\n"
+        "    is_available = staticmethod(lambda: True)\n"
     )
     said = answer([tmp_path])
     assert said["torch"] == "0.0.1" and said["gpus"] == 3

@@ -28,10 +28,11 @@ to the plain start by itself when the server cannot fork for it (the server's re
 shown; `why_not_fork` lists them).
 
 One server at a time, for the environment of the runs: a run whose environment differs from
-the one the server imported torch in (another variable, `debug=`) gets a new server, and the
-old one is retired. A server retires when the kernel says so on its stdin, or the kernel is
-gone (the stdin closes, or the server's parent changes), and ends once its last forked
-process has ended.
+the one the server imported torch in (another variable, but for those a run sets itself,
+`debug=`'s among them: rank.forkserver.PER_RUN) gets a new server, and the old one is
+retired. A server retires when the kernel says so on its stdin, or the kernel is gone (the
+stdin closes, or the server's parent changes), and ends once its last forked process has
+ended.
 """
 
 from __future__ import annotations

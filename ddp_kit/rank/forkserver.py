@@ -37,13 +37,14 @@ What a forked child is given, so that it sees what a fresh `python -u -m module`
 session (torchrun's start_new_session), the relay's fds 0-2, working directory, environment,
 sys.argv and sys.orig_argv, a new `__main__` module for the run (runpy's, with alter_sys), the
 default signal handlers, fresh seeds for `random`, numpy and torch, a fresh multiprocessing
-authkey, and the variables the preloaded imports set (as a fresh process that imports those
-modules has them). It differs in what cannot be redone after start-up, among others: the
-string-hash seed (PYTHONHASHSEED) is the server's; torch._dynamo is imported already (a plain
-rank imports it at its first DDP(...)), so a TORCHDYNAMO_ or TORCHINDUCTOR_ variable the
-script sets comes too late (TORCH_LOGS set in a script is too late in either start: the
-runner imports torch first); the preloaded objects are out of the collector's reach
-(gc.freeze); os.getppid() is the server; /proc/PID/cmdline reads the server's command.
+authkey, c10d's debug level read from its own TORCH_DISTRIBUTED_DEBUG, and the variables the
+preloaded imports set (as a fresh process that imports those modules has them). It differs in
+what cannot be redone after start-up, among others: the string-hash seed (PYTHONHASHSEED) is
+the server's; torch._dynamo is imported already (a plain rank imports it at its first
+DDP(...)), so a TORCHDYNAMO_ or TORCHINDUCTOR_ variable the script sets comes too late
+(TORCH_LOGS set in a script is too late in either start: the runner imports torch first); the
+preloaded objects are out of the collector's reach (gc.freeze); os.getppid() is the server;
+/proc/PID/cmdline reads the server's command.
 
 The server forks only while it has a single thread and torch has not initialised CUDA (a
 CUDA context does not survive a fork), and only for a relay whose environment equals its own
@@ -81,10 +82,13 @@ PER_RUN_PREFIXES = ("DDP_KIT_", "TORCHELASTIC_")
 # PYTEST_CURRENT_TEST: pytest sets it anew for every phase of every test, and nothing imported
 # reads it; as a fixed variable it cost a kernel under pytest a new server (torch imported
 # again: 3 CPU seconds) for nearly every test: 143 servers in one run of the suite (#40).
+# TORCH_DISTRIBUTED_DEBUG (debug=): `import torch.distributed` reads it into c10d's debug level
+# (set_debug_level_from_env), and a forked child reads it again from its own environment
+# (_read_again); the rest of torch reads it when a group or DDP is made.
 PER_RUN = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
            "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-           "PYTEST_CURRENT_TEST"}  # fmt: skip
+           "PYTEST_CURRENT_TEST", "TORCH_DISTRIBUTED_DEBUG"}  # fmt: skip
 # What the agent or a rank imports: torchrun (the agent), DDP and torch._dynamo, which DDP's
 # constructor imports (the ranks), and what the kit's agent, runner and live-rank server
 # import (not the agent and runner themselves: each runs as __main__).
@@ -327,10 +331,12 @@ class Server:
             pass
 
     def _end(self, match: dict[str, str], spare: int) -> list[int]:
-        """SIGKILL to each living child whose environment has the values in `match`, but
-        `spare`: the pids it was sent to. SIGKILL is not caught: each ends with no report and
-        no word to its peers, before it runs again."""
+        """SIGKILL to each child not yet reaped whose environment has the values in `match`
+        (at least one), but `spare`: the pids it was sent to. SIGKILL is not caught: each ends
+        with no report and no word to its peers, before it runs again."""
         ended = []
+        if not match:
+            return ended
         for pid, env in self.environments.items():
             if pid != spare and all(env.get(k) == v for k, v in match.items()):
                 with contextlib.suppress(ProcessLookupError):
@@ -362,6 +368,7 @@ class Server:
         sys.orig_argv[:] = request["orig_argv"]
         sys.path[0] = os.getcwd()
         _reseed()
+        _read_again()
         return Child(request["module"], request["argv"], conn)
 
     def _reap(self) -> None:
@@ -400,6 +407,14 @@ def _reseed() -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+
+
+def _read_again() -> None:
+    """What a preloaded import read from the environment and a run may set otherwise: c10d's
+    debug level, from TORCH_DISTRIBUTED_DEBUG (PER_RUN)."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available():
+        distributed.set_debug_level_from_env()
 
 
 def preload() -> None:

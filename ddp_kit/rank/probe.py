@@ -15,8 +15,8 @@ hosts (kernel.hosts), in one line of JSON on stdout:
     port                 a TCP port free on `address` now (the first host's is the rendezvous's)
     gpus                 the CUDA GPUs this host's torch sees
                          (The probe imports torch only where a GPU may be: on a host with no
-                         GPU device file, or a torch built for CPU only, shared.torch_build
-                         answers from torch/version.py, in a tenth of the time.)
+                         GPU device file, or with a torch built for CPU only, it answers from
+                         torch/version.py (shared.torch_build), in a tenth of the time.)
     node                 the node's name under srun (SLURMD_NODENAME), else null
 """
 
@@ -67,7 +67,7 @@ def facts(paths: list[str]) -> dict:
         "interfaces": {k: v for k, v in interfaces.items() if v},
         "missing": [path for path in paths if not os.path.exists(path)],
         "port": port,
-        "gpus": torch_build.cuda_device_count(),
+        "gpus": torch_build.cuda_device_count(trust_device_files=True),
         "node": os.environ.get("SLURMD_NODENAME"),
     }
 

@@ -1,13 +1,15 @@
 """The torch that `import torch` would find, told without importing it where that is enough.
 
-Importing torch costs about 2 CPU seconds and 200 MB: a kernel that only plots, or a
-host asked before a launch (rank.probe), need not spend them to learn torch's version or that
-it has no GPU to count.
+Importing torch costs about 2 CPU seconds and 200 MB: a kernel that only plots, or a host
+asked before a launch (rank.probe), need not spend them to learn torch's version or that it
+has no GPU to count.
 
 - `version()`: torch.__version__, read from torch/version.py (torch/__init__.py's comes from it).
-- `cuda_device_count()`: torch.cuda.device_count() (which counts ROCm's GPUs too), 0 without
+- `cuda_device_count()`: the GPUs torch can use (torch.cuda counts ROCm's too), 0 without
   importing torch when torch is built for neither CUDA nor ROCm (version.py: `cuda = None`,
-  `hip = None`) or when no GPU device file is here (GPU_DEVICE_FILES).
+  `hip = None`). The probe also trusts the device files (GPU_DEVICE_FILES): a host with none
+  of them answers 0 without importing torch. The kernel does not: it asks torch whenever
+  torch is built for a GPU, whatever device files there are.
 
 Where version.py cannot be read, or torch is imported already, torch itself is asked.
 """
@@ -46,13 +48,16 @@ def version() -> str:
     return torch.__version__
 
 
-def cuda_device_count() -> int:
-    """How many CUDA (or ROCm) GPUs torch sees here: 0 without CUDA."""
+def cuda_device_count(*, trust_device_files: bool = False) -> int:
+    """How many GPUs torch can use here (CUDA's, or ROCm's): 0 without them. Told without
+    importing torch when version.py says it is built for neither; with `trust_device_files`
+    (the probe), also where no GPU device file is here."""
     found = version_file()
     if found is not None:
-        no_gpu_build = all(k in found and found[k] is None for k in ("cuda", "hip"))
-        if no_gpu_build or not any(map(os.path.exists, GPU_DEVICE_FILES)):
+        cpu_only = all(k in found and found[k] is None for k in ("cuda", "hip"))
+        no_device = not any(map(os.path.exists, GPU_DEVICE_FILES))
+        if cpu_only or (trust_device_files and no_device):
             return 0
     import torch
 
-    return torch.cuda.device_count()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

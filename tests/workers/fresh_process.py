@@ -33,6 +33,7 @@ seen = {
     "stdout_write_through": sys.stdout.write_through,  # python -u
     "cuda_initialized": torch.cuda.is_initialized(),
     "process_group": dist.is_initialized(),
+    "debug_level": str(dist.get_debug_level()),  # from TORCH_DISTRIBUTED_DEBUG
     "threads": sorted(t.name for t in threading.enumerate()),
     "os_threads": len(os.listdir("/proc/self/task")),
     "session_leader": os.getsid(0) == os.getpid(),
