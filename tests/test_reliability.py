@@ -133,12 +133,23 @@ def test_workers_talk_over_loopback_only_and_run_dirs_are_private():
 
 def test_a_crash_after_the_script_completed_is_a_note_on_a_successful_result(capfd, monkeypatch):
     monkeypatch.delenv("DDP_KIT_NOTES_FILE", raising=False)  # notes go to stderr, not a file
+    # Rank 1 aborts once rank 0 has completed too: torchrun answers its SIGABRT with SIGTERM to
+    # the other ranks, and a rank 0 still running its script then failed (once in a CI run).
     code = textwrap.dedent("""
-        import atexit, os
+        import atexit, os, time
+        from ddp_kit.shared.markers import COMPLETED, ranks_marked
         from ddp_kit.worker import rank, record
         record("value", rank() + 1)
+
+        def abort_once_rank_0_completed():
+            deadline = time.monotonic() + 60
+            markers = os.environ["DDP_KIT_MARKER_DIR"]
+            while 0 not in ranks_marked(markers, COMPLETED) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.abort()   # dies with SIGABRT as its process ends, work done
+
         if rank() == 1:
-            atexit.register(os.abort)   # dies with SIGABRT as its process ends, work done
+            atexit.register(abort_once_rank_0_completed)
     """)
     result = ddp_kit.launch(code, nproc=2, output="quiet")
     assert result.ok and result.returncode != 0 and result.completed == [0, 1]
