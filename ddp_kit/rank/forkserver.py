@@ -288,18 +288,18 @@ class Server:
             time.sleep(0.1)  # rather than spin on a listener that stays readable
             return None
         fds: list[int] = []  # the relay's fds 0-2, as received
+        answer = None  # to lose_this_node's end request, which forks nothing
         try:
             conn.settimeout(REQUEST_SECONDS)
             request = receive_request(conn, fds)
             conn.settimeout(None)
             if "end" in request:
-                send(conn, {"ended": self._end(request["end"], request["spare"])})
-                why = "ended"  # not a relay: no fork, and the connection closes below
+                answer, pid = {"ended": self._end(request["end"], request["spare"])}, -1
             else:
                 why = why_not_fork(request, self.started_in)
-            if why is None and len(fds) != 3:
-                why = "the relay did not send its standard streams"
-            pid = -1 if why is not None else os.fork()
+                if why is None and len(fds) != 3:
+                    why = "the relay did not send its standard streams"
+                pid = -1 if why is not None else os.fork()
         except Exception as error:  # a bad request: this relay starts plain, the server goes on
             why, pid = f"the fork server could not take the request: {error!r}", -1
         if pid == 0:
@@ -311,8 +311,7 @@ class Server:
         for fd in fds:
             os.close(fd)
         if pid == -1:
-            if why != "ended":
-                send(conn, {"plain": why})
+            send(conn, answer or {"plain": why})
             conn.close()
             return None
         self.children[pid] = conn
